@@ -1,1 +1,25 @@
-//! (placeholder; filled in by its owner)
+//! The latent paged KV cache (`[c_kv | k_pe]` per token per layer, nothing decompressed) with
+//! block-level prefix caching.
+//!
+//! Where it sits: request -> scheduler (`plan_grow` / `commit_grow` per sequence) ->
+//! `model::forward` (`write_slot` for new tokens, `read_range` for attention) -> spec-decode
+//! verification (`set_len` for accepted tokens, `truncate` for rejected drafts) -> finish (`free`;
+//! prompt blocks published with `register_prefix` stay reusable by `match_prefix` until evicted).
+//!
+//! Files: `dtype` (element types, quantisation), `pool` (per-layer storage), `block_allocator`
+//! (refcounts, free list, LRU of evictable cached blocks), `prefix_cache` (verified chained-hash
+//! index), `seq` (block table + plan), `cache` (the `KvCache` API tying them together).
+//! Each cache is a value: a target and a draft model each own one, with their own dtype.
+
+mod block_allocator;
+mod cache;
+pub mod dtype;
+mod pool;
+mod prefix_cache;
+mod seq;
+#[cfg(test)]
+mod tests;
+
+pub use cache::{KvCache, KvConfig, KvStats};
+pub use dtype::KvDtype;
+pub use seq::{KvPlan, SeqKv};

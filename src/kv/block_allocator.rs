@@ -1,0 +1,162 @@
+//! Block bookkeeping of the KV pool: reference counts, the free list and the LRU set of
+//! evictable prefix-cached blocks.
+//!
+//! Where it sits: `KvCache` asks it for blocks when committing a grow plan and returns blocks on
+//! truncate / free; the prefix cache decides which released blocks stay cached (evictable).
+//!
+//! Guarantees: every block is in exactly one state —
+//! free (refcount 0, on the free list), in use (refcount >= 1, on neither list) or evictable
+//! (refcount 0, in the LRU set, still registered in the prefix cache). Allocation takes a free
+//! block first (lowest id first on a fresh pool) and only then evicts the least recently released
+//! cached block. All orders are deterministic (no hashing of ids).
+
+use std::collections::BTreeSet;
+
+#[derive(Debug)]
+pub(crate) struct BlockAllocator {
+    /// `[num_blocks]` number of block tables holding each block.
+    refcount: Vec<u32>,
+    /// Free blocks, used as a stack (top = next to hand out).
+    free: Vec<u32>,
+    /// Evictable cached blocks ordered by (release tick, id): first = least recently used.
+    evictable: BTreeSet<(u64, u32)>,
+    /// `[num_blocks]` tick under which a block sits in `evictable` (meaningless otherwise).
+    lru_tick: Vec<u64>,
+    /// Monotonic counter stamping releases.
+    tick: u64,
+    /// Cached blocks evicted to satisfy allocations.
+    pub(crate) evictions: u64,
+}
+
+/// What `take` handed out.
+pub(crate) struct Taken {
+    pub(crate) block: u32,
+    /// The block was an evictable cached block: the caller must drop its prefix-cache entry.
+    pub(crate) evicted: bool,
+}
+
+impl BlockAllocator {
+    pub(crate) fn new(num_blocks: usize) -> Self {
+        BlockAllocator {
+            refcount: vec![0; num_blocks],
+            free: (0..num_blocks as u32).rev().collect(),
+            evictable: BTreeSet::new(),
+            lru_tick: vec![0; num_blocks],
+            tick: 0,
+            evictions: 0,
+        }
+    }
+
+    pub(crate) fn num_blocks(&self) -> usize {
+        self.refcount.len()
+    }
+    pub(crate) fn num_free(&self) -> usize {
+        self.free.len()
+    }
+    pub(crate) fn num_evictable(&self) -> usize {
+        self.evictable.len()
+    }
+    /// Blocks an allocation can obtain right now (free + evictable).
+    pub(crate) fn available(&self) -> usize {
+        self.free.len() + self.evictable.len()
+    }
+    pub(crate) fn refcount(&self, b: u32) -> u32 {
+        self.refcount[b as usize]
+    }
+
+    /// Hand out one block with refcount 1: a free one, else the LRU evictable one.
+    pub(crate) fn take(&mut self) -> Option<Taken> {
+        let (block, evicted) = if let Some(b) = self.free.pop() {
+            (b, false)
+        } else {
+            let (_, b) = self.evictable.pop_first()?;
+            self.evictions += 1;
+            (b, true)
+        };
+        debug_assert_eq!(self.refcount[block as usize], 0);
+        self.refcount[block as usize] = 1;
+        Some(Taken { block, evicted })
+    }
+
+    /// Add a reference (sharing a cached block). A block at refcount 0 must be evictable.
+    pub(crate) fn incref(&mut self, b: u32) {
+        let rc = &mut self.refcount[b as usize];
+        if *rc == 0 {
+            let removed = self.evictable.remove(&(self.lru_tick[b as usize], b));
+            assert!(removed, "kv: incref of block {b} that is neither in use nor evictable");
+        }
+        *rc += 1;
+    }
+
+    /// Drop a reference; at 0 the block becomes evictable (if `cached`) or free.
+    pub(crate) fn decref(&mut self, b: u32, cached: bool) {
+        let rc = &mut self.refcount[b as usize];
+        assert!(*rc > 0, "kv: double release of block {b}");
+        *rc -= 1;
+        if *rc == 0 {
+            if cached {
+                self.tick += 1;
+                self.lru_tick[b as usize] = self.tick;
+                self.evictable.insert((self.tick, b));
+            } else {
+                self.free.push(b);
+            }
+        }
+    }
+
+    /// Move an evictable block to the free list (its prefix-cache entry is being dropped).
+    pub(crate) fn uncache(&mut self, b: u32) {
+        if self.refcount[b as usize] == 0 && self.evictable.remove(&(self.lru_tick[b as usize], b)) {
+            self.free.push(b);
+        }
+    }
+
+    /// Evictable blocks, least recently used first.
+    pub(crate) fn evictable_lru(&self) -> impl Iterator<Item = u32> + '_ {
+        self.evictable.iter().map(|&(_, b)| b)
+    }
+
+    /// Free blocks (any order).
+    pub(crate) fn free_list(&self) -> &[u32] {
+        &self.free
+    }
+
+    /// Whether `b` sits in the evictable set under its recorded tick.
+    pub(crate) fn is_evictable(&self, b: u32) -> bool {
+        self.evictable.contains(&(self.lru_tick[b as usize], b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_prefers_free_then_lru() {
+        let mut a = BlockAllocator::new(3);
+        let t: Vec<u32> = (0..3).map(|_| a.take().unwrap().block).collect();
+        assert_eq!(t, vec![0, 1, 2]);
+        assert!(a.take().is_none());
+        a.decref(2, true); // evictable, released first
+        a.decref(0, true);
+        a.decref(1, false); // free
+        assert_eq!((a.num_free(), a.num_evictable()), (1, 2));
+        let x = a.take().unwrap();
+        assert_eq!((x.block, x.evicted), (1, false));
+        let x = a.take().unwrap();
+        assert_eq!((x.block, x.evicted), (2, true), "least recently released first");
+        a.incref(0); // reuse a cached block: leaves the LRU set
+        assert_eq!(a.refcount(0), 1);
+        assert_eq!(a.num_evictable(), 0);
+        assert_eq!(a.evictions, 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "double release")]
+    fn double_release_is_caught() {
+        let mut a = BlockAllocator::new(1);
+        let b = a.take().unwrap().block;
+        a.decref(b, false);
+        a.decref(b, false);
+    }
+}

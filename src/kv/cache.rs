@@ -1,0 +1,419 @@
+//! `KvCache`: the latent paged KV cache of one model (target or draft), with prefix caching.
+//!
+//! Where it sits: the scheduler plans and commits block growth per sequence (plan-then-commit),
+//! `model::forward` writes one `[c_kv | k_pe]` slot per new token per layer and reads runs of slots
+//! for absorbed-MLA attention, the spec-decode driver truncates rejected drafts, and finished
+//! sequences are freed (their registered prompt blocks stay cached, evictable in LRU order).
+//!
+//! Guarantees:
+//! - `plan_grow` is pure; `commit_grow` of a plan made against the current state cannot fail.
+//! - Every block is exactly one of free / in use (refcount = number of block tables holding it) /
+//!   evictable (refcount 0, still in the prefix cache). Nothing leaks: after every sequence is
+//!   freed, free + evictable = num_blocks.
+//! - A sequence's blocks at index >= `len / block_size` are private (refcount 1, not cached);
+//!   shared blocks are full and below every sharer's `len`, so no API user can write them
+//!   (`write_slot` asserts it). Truncating into a shared block copies it first (copy-on-write).
+//! - Several caches can coexist (no globals); each has its own dtype.
+//! - Deterministic: the same operations produce the same block ids and stored bytes.
+
+use super::block_allocator::BlockAllocator;
+use super::dtype::{self, KvDtype};
+use super::pool::KvPool;
+use super::prefix_cache::{Parent, PrefixCache};
+use super::seq::{KvPlan, SeqKv};
+use crate::error::{Error, Result};
+
+/// Geometry and dtype of one latent cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvConfig {
+    /// Transformer layers with a latent cache.
+    pub num_layers: usize,
+    /// c_kv width (DeepSeek `kv_lora_rank`).
+    pub kv_lora_rank: usize,
+    /// k_pe width (DeepSeek `qk_rope_head_dim`).
+    pub rope_dim: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Stored element type.
+    pub dtype: KvDtype,
+}
+
+/// Occupancy and prefix-cache counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvStats {
+    pub num_blocks: usize,
+    pub free_blocks: usize,
+    /// Evictable prefix-cached blocks (refcount 0).
+    pub cached_blocks: usize,
+    /// Blocks held by at least one sequence.
+    pub used_blocks: usize,
+    /// Tokens served from the prefix cache by `match_prefix`.
+    pub prefix_hit_tokens: u64,
+    /// Tokens offered to `match_prefix` (the full `tokens` slices).
+    pub prefix_query_tokens: u64,
+    /// Cached blocks evicted to satisfy allocations.
+    pub evictions: u64,
+    pub bytes_per_token_per_layer: usize,
+    /// Storage of the whole pool: bytes_per_token_per_layer * num_layers * num_blocks * block_size.
+    pub total_bytes: usize,
+}
+
+/// The latent paged KV cache.
+#[derive(Debug)]
+pub struct KvCache {
+    cfg: KvConfig,
+    pool: KvPool,
+    alloc: BlockAllocator,
+    pub(super) prefix: PrefixCache,
+    slot_bytes: usize,
+    total_bytes: usize,
+    prefix_hit_tokens: u64,
+    prefix_query_tokens: u64,
+}
+
+fn nonzero(field: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        return Err(Error::config(field, "must be > 0"));
+    }
+    Ok(())
+}
+
+impl KvCache {
+    /// Allocate the pool (zero-filled, committed lazily by the OS). Errors on zero sizes, more
+    /// than u32::MAX blocks, or a pool whose byte size overflows.
+    pub fn new(cfg: KvConfig) -> Result<Self> {
+        nonzero("num_layers", cfg.num_layers)?;
+        nonzero("kv_lora_rank", cfg.kv_lora_rank)?;
+        nonzero("block_size", cfg.block_size)?;
+        nonzero("num_blocks", cfg.num_blocks)?;
+        if cfg.num_blocks > u32::MAX as usize {
+            return Err(Error::config("num_blocks", format!("{} exceeds {}", cfg.num_blocks, u32::MAX)));
+        }
+        let slot_bytes = dtype::slot_bytes(cfg.dtype, cfg.kv_lora_rank, cfg.rope_dim);
+        let n_slots = cfg.num_blocks.checked_mul(cfg.block_size);
+        let total = n_slots
+            .and_then(|n| n.checked_mul(slot_bytes))
+            .and_then(|n| n.checked_mul(cfg.num_layers))
+            .filter(|&n| n <= isize::MAX as usize)
+            .ok_or_else(|| {
+                Error::config("num_blocks", format!("KV pool of {} blocks x {} tokens is too large", cfg.num_blocks, cfg.block_size))
+            })?;
+        let n_slots = cfg.num_blocks * cfg.block_size;
+        Ok(KvCache {
+            pool: KvPool::new(cfg.dtype, cfg.num_layers, n_slots, cfg.kv_lora_rank, cfg.rope_dim),
+            alloc: BlockAllocator::new(cfg.num_blocks),
+            prefix: PrefixCache::new(cfg.num_blocks, cfg.block_size),
+            slot_bytes,
+            total_bytes: total,
+            prefix_hit_tokens: 0,
+            prefix_query_tokens: 0,
+            cfg,
+        })
+    }
+
+    pub fn config(&self) -> &KvConfig {
+        &self.cfg
+    }
+
+    /// `(kv_lora_rank + rope_dim) * dtype bytes`, plus for fp8 one f32 scale per group of up to
+    /// 128 values, c_kv and k_pe grouped separately (DeepSeek-V3: 512 + 64 + 4 * 5 = 596).
+    pub fn bytes_per_token_per_layer(&self) -> usize {
+        self.slot_bytes
+    }
+
+    /// Blocks a sequence of `tokens` tokens needs.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.cfg.block_size)
+    }
+
+    /// Whether a sequence of `tokens` tokens can ever fit (the whole pool to itself).
+    pub fn can_ever_fit(&self, tokens: usize) -> bool {
+        self.blocks_for(tokens) <= self.cfg.num_blocks
+    }
+
+    /// Reserved token capacity of `seq` (blocks held x block_size).
+    pub fn capacity(&self, seq: &SeqKv) -> usize {
+        seq.blocks.len() * self.cfg.block_size
+    }
+
+    /// Plan growing `seq` to hold `new_len` tokens. Pure. `Err(KvExhausted)` if the sequence can
+    /// never fit, or if free + evictable blocks cannot provide the missing blocks now.
+    pub fn plan_grow(&self, seq: &SeqKv, new_len: usize) -> Result<KvPlan> {
+        let total = self.blocks_for(new_len);
+        if total > self.cfg.num_blocks {
+            return Err(Error::KvExhausted(format!(
+                "{new_len} tokens need {total} blocks of {}; the pool has {}",
+                self.cfg.block_size, self.cfg.num_blocks
+            )));
+        }
+        let need = total.saturating_sub(seq.blocks.len());
+        let avail = self.alloc.available();
+        if need > avail {
+            return Err(Error::KvExhausted(format!(
+                "growing to {new_len} tokens needs {need} more blocks; {avail} free or evictable"
+            )));
+        }
+        Ok(KvPlan { base_blocks: seq.blocks.len(), new_blocks: need, target_len: new_len })
+    }
+
+    /// Apply a plan made against the current state: allocates its blocks (free first, then
+    /// evicting LRU cached prefix blocks). Panics if the plan is for a different table size or the
+    /// pool changed so that the blocks are no longer available (a scheduler bug).
+    pub fn commit_grow(&mut self, seq: &mut SeqKv, plan: KvPlan) {
+        assert_eq!(seq.blocks.len(), plan.base_blocks, "kv: commit_grow with a plan for another block table");
+        assert!(plan.new_blocks <= self.alloc.available(), "kv: commit_grow with a stale plan");
+        for _ in 0..plan.new_blocks {
+            let b = self.take_block().expect("checked above");
+            seq.blocks.push(b);
+        }
+    }
+
+    /// Set the committed length after the forward wrote the slots. `len` <= reserved capacity.
+    /// A smaller `len` than the current one is a `truncate`.
+    pub fn set_len(&mut self, seq: &mut SeqKv, len: usize) {
+        assert!(len <= self.capacity(seq), "kv: set_len {len} beyond capacity {}", self.capacity(seq));
+        if len < seq.len {
+            self.truncate(seq, len);
+        } else {
+            seq.len = len;
+        }
+    }
+
+    /// Roll back to `new_len` tokens: len = min(len, new_len); releases the blocks past
+    /// ceil(new_len / block_size) (a shared block only loses this sequence's reference). If the
+    /// new last block is partially kept and shared / prefix-cached, it is made private first
+    /// (copy-on-write, or un-registering when only this sequence holds it); if no block is
+    /// available for the copy, the partial block is dropped too and len rounds down to the block
+    /// boundary (check `seq.len()`).
+    pub fn truncate(&mut self, seq: &mut SeqKv, new_len: usize) {
+        let keep = self.blocks_for(new_len).min(seq.blocks.len());
+        self.release_tail(seq, keep);
+        seq.len = seq.len.min(new_len);
+        let bs = self.cfg.block_size;
+        let (idx, in_block) = (seq.len / bs, seq.len % bs);
+        if in_block == 0 || idx >= seq.blocks.len() {
+            return;
+        }
+        let b = seq.blocks[idx];
+        if self.alloc.refcount(b) > 1 {
+            match self.take_block() {
+                Some(nb) => {
+                    self.pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                    self.release(b);
+                    seq.blocks[idx] = nb;
+                }
+                None => {
+                    self.release_tail(seq, idx);
+                    seq.len = idx * bs;
+                }
+            }
+        } else if self.prefix.is_cached(b) {
+            self.prefix.remove(b);
+        }
+    }
+
+    /// Release all blocks of a sequence (tail first, so the tail is evicted before the prefix).
+    /// The sequence becomes empty; freeing it again is a no-op.
+    pub fn free(&mut self, seq: &mut SeqKv) {
+        self.release_tail(seq, 0);
+        seq.len = 0;
+    }
+
+    /// Quantise and write one slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`,
+    /// `pos` < reserved capacity, and the slot's block must be private to `seq`.
+    pub fn write_slot(&mut self, layer: usize, seq: &SeqKv, pos: usize, c_kv: &[f32], k_pe: &[f32]) {
+        let bs = self.cfg.block_size;
+        assert!(layer < self.cfg.num_layers, "kv: layer {layer} out of range");
+        assert!(pos < self.capacity(seq), "kv: write at {pos} beyond capacity {}", self.capacity(seq));
+        assert_eq!(c_kv.len(), self.cfg.kv_lora_rank, "kv: c_kv width");
+        assert_eq!(k_pe.len(), self.cfg.rope_dim, "kv: k_pe width");
+        let b = seq.blocks[pos / bs];
+        assert!(
+            self.alloc.refcount(b) == 1 && !self.prefix.is_cached(b),
+            "kv: write to shared or prefix-cached block {b} (pos {pos}, len {})",
+            seq.len
+        );
+        self.pool.write_slot(layer, b as usize * bs + pos % bs, c_kv, k_pe);
+    }
+
+    /// Read slots `[start, end)` of `seq` (end <= reserved capacity), dequantised into
+    /// `out: [end - start, kv_lora_rank + rope_dim]`. One contiguous copy/convert per block.
+    pub fn read_range(&self, layer: usize, seq: &SeqKv, start: usize, end: usize, out: &mut [f32]) {
+        let bs = self.cfg.block_size;
+        let w = self.cfg.kv_lora_rank + self.cfg.rope_dim;
+        assert!(layer < self.cfg.num_layers, "kv: layer {layer} out of range");
+        assert!(start <= end && end <= self.capacity(seq), "kv: read [{start}, {end}) beyond capacity");
+        assert_eq!(out.len(), (end - start) * w, "kv: read_range out length");
+        let mut pos = start;
+        while pos < end {
+            let (bi, off) = (pos / bs, pos % bs);
+            let n = (bs - off).min(end - pos);
+            let slot = seq.blocks[bi] as usize * bs + off;
+            let o = (pos - start) * w;
+            self.pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, kv_lora_rank + rope_dim]
+            pos += n;
+        }
+    }
+
+    /// Longest run of full cached blocks matching `tokens` (at most `max_tokens` tokens). Returns a
+    /// sequence sharing those blocks (refcount + 1) with len = matched tokens; counts
+    /// `tokens.len()` query tokens and the matched tokens as hits.
+    pub fn match_prefix(&mut self, tokens: &[u32], max_tokens: usize) -> SeqKv {
+        let bs = self.cfg.block_size;
+        self.prefix_query_tokens += tokens.len() as u64;
+        let n_full = tokens.len().min(max_tokens) / bs;
+        let mut seq = SeqKv::new();
+        let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
+        for toks in tokens.chunks_exact(bs).take(n_full) {
+            let h = self.prefix.hash(prev, toks);
+            let Some(b) = self.prefix.lookup(h, parent, toks) else { break };
+            self.alloc.incref(b);
+            seq.blocks.push(b);
+            prev = Some(h);
+            parent = Some((b, self.prefix.generation(b)));
+        }
+        seq.len = seq.blocks.len() * bs;
+        self.prefix_hit_tokens += seq.len as u64;
+        seq
+    }
+
+    /// Publish the full blocks of `seq` covering `tokens` (only min(tokens.len(), seq.len())
+    /// tokens count; pass tokens whose KV is final and reproducible, i.e. prompt tokens). Blocks
+    /// whose content is already cached in another block stay private duplicates. Stops at a hash
+    /// collision with different content.
+    pub fn register_prefix(&mut self, seq: &SeqKv, tokens: &[u32]) {
+        let bs = self.cfg.block_size;
+        let n_full = (tokens.len().min(seq.len) / bs).min(seq.blocks.len());
+        let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
+        for (i, toks) in tokens.chunks_exact(bs).take(n_full).enumerate() {
+            let h = self.prefix.hash(prev, toks);
+            let canonical = if let Some(c) = self.prefix.lookup(h, parent, toks) {
+                c
+            } else {
+                let b = seq.blocks[i];
+                if self.prefix.contains_hash(h) || self.prefix.is_cached(b) {
+                    break; // hash collision, or the block already has another identity
+                }
+                self.prefix.insert(b, h, parent, toks);
+                b
+            };
+            prev = Some(h);
+            parent = Some((canonical, self.prefix.generation(canonical)));
+        }
+    }
+
+    /// Change the salt mixed into every prefix hash and drop every cached entry: evictable blocks
+    /// become free, in-use ones are simply no longer matchable.
+    pub fn reset_prefix_cache(&mut self, salt: u64) {
+        for b in self.prefix.reset(salt) {
+            self.alloc.uncache(b);
+        }
+    }
+
+    pub fn stats(&self) -> KvStats {
+        let free = self.alloc.num_free();
+        let cached = self.alloc.num_evictable();
+        KvStats {
+            num_blocks: self.cfg.num_blocks,
+            free_blocks: free,
+            cached_blocks: cached,
+            used_blocks: self.cfg.num_blocks - free - cached,
+            prefix_hit_tokens: self.prefix_hit_tokens,
+            prefix_query_tokens: self.prefix_query_tokens,
+            evictions: self.alloc.evictions,
+            bytes_per_token_per_layer: self.slot_bytes,
+            total_bytes: self.total_bytes,
+        }
+    }
+
+    /// Reference count of a physical block (diagnostics and tests).
+    pub fn block_refcount(&self, block: u32) -> u32 {
+        self.alloc.refcount(block)
+    }
+
+    /// Whether a physical block is registered in the prefix cache (diagnostics and tests).
+    pub fn block_is_cached(&self, block: u32) -> bool {
+        self.prefix.is_cached(block)
+    }
+
+    /// Evictable blocks, least recently released first (diagnostics and tests).
+    pub fn evictable_blocks(&self) -> Vec<u32> {
+        self.alloc.evictable_lru().collect()
+    }
+
+    /// Full consistency check against the complete set of live sequences of this cache
+    /// (O(num_blocks + table sizes); for tests and debugging). Returns the first violation.
+    pub fn check_invariants(&self, live: &[&SeqKv]) -> std::result::Result<(), String> {
+        let n = self.cfg.num_blocks;
+        let bs = self.cfg.block_size;
+        let mut holders = vec![0u32; n];
+        for (si, s) in live.iter().enumerate() {
+            if s.len > s.blocks.len() * bs {
+                return Err(format!("seq {si}: len {} beyond capacity {}", s.len, s.blocks.len() * bs));
+            }
+            for (i, &b) in s.blocks.iter().enumerate() {
+                if b as usize >= n {
+                    return Err(format!("seq {si}: block id {b} out of range"));
+                }
+                holders[b as usize] += 1;
+                if i >= s.len / bs && (self.alloc.refcount(b) != 1 || self.prefix.is_cached(b)) {
+                    return Err(format!("seq {si}: tail block {b} (index {i}) is shared or cached"));
+                }
+            }
+        }
+        let mut on_free = vec![false; n];
+        for &b in self.alloc.free_list() {
+            if std::mem::replace(&mut on_free[b as usize], true) {
+                return Err(format!("block {b} twice on the free list"));
+            }
+        }
+        let mut evictable = 0;
+        for b in 0..n as u32 {
+            let (rc, cached, free, ev) =
+                (self.alloc.refcount(b), self.prefix.is_cached(b), on_free[b as usize], self.alloc.is_evictable(b));
+            if rc != holders[b as usize] {
+                return Err(format!("block {b}: refcount {rc} but {} tables hold it", holders[b as usize]));
+            }
+            let ok = match (rc > 0, free, ev) {
+                (true, false, false) => true,
+                (false, true, false) => !cached,
+                (false, false, true) => cached,
+                _ => false,
+            };
+            if !ok {
+                return Err(format!("block {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"));
+            }
+            evictable += ev as usize;
+        }
+        if evictable != self.alloc.num_evictable() || self.alloc.num_blocks() != n {
+            return Err("evictable set holds unknown blocks".into());
+        }
+        self.prefix.check()
+    }
+
+    // -- internals ------------------------------------------------------------------------------
+
+    /// One block with refcount 1, dropping the prefix identity of an evicted block.
+    fn take_block(&mut self) -> Option<u32> {
+        let t = self.alloc.take()?;
+        if t.evicted {
+            self.prefix.remove(t.block);
+        }
+        Some(t.block)
+    }
+
+    fn release(&mut self, b: u32) {
+        let cached = self.prefix.is_cached(b);
+        self.alloc.decref(b, cached);
+    }
+
+    /// Release `seq.blocks[keep..]`, last block first.
+    fn release_tail(&mut self, seq: &mut SeqKv, keep: usize) {
+        while seq.blocks.len() > keep {
+            let b = seq.blocks.pop().expect("len > keep");
+            self.release(b);
+        }
+    }
+}
