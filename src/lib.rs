@@ -10,11 +10,13 @@
 //! See docs/ARCHITECTURE.md.
 
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod sampling;
+pub mod spec;
 pub mod tokenizer;
 pub mod weights;
 

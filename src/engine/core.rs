@@ -1,0 +1,465 @@
+//! One engine step: schedule (continuous batching, chunked prefill under a token budget,
+//! preemption with recompute) -> propose drafts -> ONE batched target forward over every
+//! request's new tokens -> verify and commit token by token (budget forcing, stops) -> truncate
+//! target and draft KV to the committed length -> events.
+//!
+//! Invariants kept after every step, for every running request: target KV length = committed
+//! tokens - 1 (the last committed token is fed next step) once its prompt is prefilled; the draft
+//! proposer's KV is a prefix of the committed tokens; a request's tokens only change by commits.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::model::{LogitsMode, Model, SeqChunk};
+use crate::sampling::log_softmax;
+use crate::spec::policy::{choose_k, LinearCost};
+use crate::spec::{Counters, Proposal, ProposeRequest, Proposer, SpecMode, Verdict};
+use crate::tokenizer::Tokenizer;
+
+use super::request::{Event, FinishReason, ReqState};
+use super::EngineConfig;
+
+/// What the scheduler decided for one running request this step.
+struct Planned {
+    /// Index into `running`.
+    idx: usize,
+    /// Prefill / recompute: number of pending tokens fed this step (0 for decode).
+    chunk: usize,
+    /// Decode: draft positions the model drafter should propose, and certain (forced) tokens after them.
+    k_model: usize,
+    certain: Vec<u32>,
+    decode: bool,
+}
+
+pub(crate) struct Core {
+    pub model: Arc<Model>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub kv: KvCache,
+    pub cfg: EngineConfig,
+    pub waiting: VecDeque<ReqState>,
+    pub running: Vec<ReqState>,
+    pub proposer: Option<Box<dyn Proposer>>,
+    pub draft_generation: u64,
+    pub target_cost: LinearCost,
+    pub draft_cost: LinearCost,
+    pub eos: Vec<u32>,
+    pub steps: u64,
+    pub time_target_s: f64,
+    pub time_draft_s: f64,
+    pub admitted: u64,
+    /// Counters of requests that finished (summed).
+    pub finished_totals: Counters,
+}
+
+impl Core {
+    /// Preempt running[idx]: free its KV (target and draft), keep its committed tokens, requeue at
+    /// the front of the waiting queue; it is recomputed later with the same attention paths, so its
+    /// output is unchanged.
+    fn preempt(&mut self, idx: usize) {
+        let mut r = self.running.remove(idx);
+        self.kv.free(&mut r.kv);
+        if let Some(p) = self.proposer.as_mut() {
+            p.release(r.id);
+        }
+        r.counters.preemptions += 1;
+        r.prefix_registered = false;
+        self.waiting.push_front(r);
+    }
+
+    fn reserve(&mut self, idx: usize, new_len: usize) -> bool {
+        let r = &mut self.running[idx];
+        match self.kv.plan_grow(&r.kv, new_len) {
+            Ok(plan) => {
+                self.kv.commit_grow(&mut r.kv, plan);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Reserve `need` tokens plus `extra` draft slots; falls back to no drafts.
+    /// Some(true): all reserved; Some(false): without the drafts; None: not even `need`.
+    fn try_reserve(&mut self, idx: usize, need: usize, extra: usize) -> Option<bool> {
+        if self.reserve(idx, need + extra) {
+            Some(true)
+        } else if extra > 0 && self.reserve(idx, need) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Plan the step: which requests run and with how many tokens, reserving target KV.
+    fn schedule(&mut self) -> Vec<Planned> {
+        self.running.sort_by_key(|r| r.admitted_seq);
+        let mut budget = self.cfg.max_batch_tokens.max(1);
+        let mut plan: Vec<Planned> = Vec::new();
+        let n_decode = self.running.iter().filter(|r| r.pending() == 1).count().max(1);
+        let mut i = 0;
+        while i < self.running.len() {
+            if budget == 0 {
+                break;
+            }
+            let pending = self.running[i].pending();
+            let (chunk, decode, k_model, certain, saved) = if pending == 1 {
+                let spec_on = self.proposer.is_some() && self.running[i].speculate;
+                let (k, c, s) = if spec_on {
+                    choose_drafts(self.cfg.spec, &self.target_cost, &self.draft_cost, &self.running[i], n_decode)
+                } else {
+                    (0, Vec::new(), 0)
+                };
+                (1, true, k, c, s)
+            } else {
+                (pending.min(budget), false, 0, Vec::new(), 0)
+            };
+            let extra = k_model + certain.len();
+            let base = self.running[i].kv.len();
+            let mut got = self.try_reserve(i, base + chunk, extra);
+            while got.is_none() && self.running.len() > i + 1 {
+                // preempt the youngest request not planned yet
+                let last = self.running.len() - 1;
+                self.preempt(last);
+                got = self.try_reserve(i, base + chunk, extra);
+            }
+            let Some(full) = got else {
+                // Cannot run even with everything younger preempted: requeue it too.
+                self.preempt(i);
+                continue;
+            };
+            let (k_model, certain) = if full { (k_model, certain) } else { (0, Vec::new()) };
+            if full {
+                self.running[i].counters.draft_tokens_saved += saved as u64;
+            }
+            budget = budget.saturating_sub(chunk + k_model + certain.len());
+            plan.push(Planned { idx: i, chunk, k_model, certain, decode });
+            i += 1;
+        }
+        // Admit waiting requests while there is budget and room.
+        while budget > 0 && self.running.len() < self.cfg.max_running {
+            let Some(mut r) = self.waiting.pop_front() else { break };
+            if r.kv.len() == 0 && self.cfg.prefix_cache && r.tokens.len() > 1 {
+                let prompt = &r.tokens[..r.prompt_len];
+                let max = prompt.len().min(r.tokens.len() - 1);
+                r.kv = self.kv.match_prefix(prompt, max);
+                if r.counters.preemptions == 0 {
+                    r.counters.cached_prompt_tokens = r.kv.len() as u64;
+                }
+            }
+            let chunk = r.pending().min(budget);
+            let base = r.kv.len();
+            match self.kv.plan_grow(&r.kv, base + chunk) {
+                Ok(p) => {
+                    self.kv.commit_grow(&mut r.kv, p);
+                }
+                Err(_) => {
+                    self.kv.free(&mut r.kv);
+                    self.waiting.push_front(r);
+                    break;
+                }
+            }
+            self.admitted += 1;
+            if r.admitted_seq == u64::MAX {
+                r.admitted_seq = self.admitted;
+            }
+            budget -= chunk;
+            self.running.push(r);
+            let idx = self.running.len() - 1;
+            let decode = self.running[idx].pending() == 1;
+            plan.push(Planned { idx, chunk: if decode { 1 } else { chunk }, k_model: 0, certain: Vec::new(), decode });
+        }
+        plan
+    }
+
+    /// Run one step; returns the events of every request that committed tokens or finished.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        self.steps += 1;
+        let plan = self.schedule();
+        if plan.is_empty() {
+            return Ok(Vec::new());
+        }
+        // ---- propose
+        let mut proposals: Vec<Proposal> = plan.iter().map(|_| Proposal::default()).collect();
+        let asks: Vec<usize> = (0..plan.len()).filter(|&j| plan[j].decode && plan[j].k_model > 0).collect();
+        if !asks.is_empty() {
+            let t0 = Instant::now();
+            let reqs: Vec<ProposeRequest> = asks
+                .iter()
+                .map(|&j| {
+                    let r = &self.running[plan[j].idx];
+                    ProposeRequest { id: r.id, context: &r.tokens, prompt_len: r.prompt_len, k: plan[j].k_model, params: &r.params }
+                })
+                .collect();
+            let proposer = self.proposer.as_mut().expect("proposer");
+            let props = proposer.propose(&reqs)?;
+            let secs = t0.elapsed().as_secs_f64();
+            if proposer.has_model() {
+                self.time_draft_s += secs;
+                let kmax = asks.iter().map(|&j| plan[j].k_model).max().unwrap_or(1).max(1);
+                let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
+                self.draft_cost.observe(toks / kmax, secs / kmax as f64);
+            }
+            for (j, p) in asks.iter().zip(props) {
+                proposals[*j] = p;
+            }
+        }
+        // ---- inputs of the target forward
+        let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
+        for (j, p) in plan.iter().enumerate() {
+            let r = &mut self.running[p.idx];
+            let base = r.kv.len();
+            if p.decode {
+                let prop = &mut proposals[j];
+                // certain tokens only line up when the drafter returned every position
+                if prop.tokens.len() == p.k_model && !p.certain.is_empty() {
+                    prop.tokens.extend_from_slice(&p.certain);
+                }
+                r.counters.drafted_tokens += p.k_model.min(prop.tokens.len()) as u64;
+                for pos in 0..p.k_model.min(prop.tokens.len()) {
+                    Counters::bump_position(&mut r.counters.drafted_per_position, pos);
+                }
+                if !prop.tokens.is_empty() {
+                    r.counters.draft_steps += 1;
+                }
+                let mut inp = vec![r.tokens[base]];
+                inp.extend_from_slice(&prop.tokens);
+                inputs.push(inp);
+            } else {
+                inputs.push(r.tokens[base..base + p.chunk].to_vec());
+            }
+        }
+        let t0 = Instant::now();
+        let logits = {
+            let chunks: Vec<SeqChunk> = plan
+                .iter()
+                .zip(&inputs)
+                .map(|(p, inp)| {
+                    let r = &self.running[p.idx];
+                    let last = r.kv.len() + inp.len() == r.tokens.len() || p.decode;
+                    SeqChunk {
+                        kv: &r.kv,
+                        start: r.kv.len(),
+                        tokens: inp,
+                        mha_until: r.prompt_len,
+                        logits: if p.decode { LogitsMode::All } else if last { LogitsMode::Last } else { LogitsMode::None },
+                    }
+                })
+                .collect();
+            self.model.forward(&mut self.kv, &chunks)?
+        };
+        let secs = t0.elapsed().as_secs_f64();
+        self.time_target_s += secs;
+        self.target_cost.observe(inputs.iter().map(Vec::len).sum(), secs);
+        // ---- verify and commit
+        let vocab = self.model.config.vocab_size;
+        let mut row0 = 0;
+        for (j, p) in plan.iter().enumerate() {
+            let r = &mut self.running[p.idx];
+            let base = r.kv.len();
+            let inp = &inputs[j];
+            if !p.decode {
+                let done = base + inp.len() == r.tokens.len();
+                self.kv.set_len(&mut r.kv, base + inp.len());
+                if done && self.cfg.prefix_cache && !r.prefix_registered && r.kv.len() >= r.prompt_len {
+                    self.kv.register_prefix(&r.kv, &r.tokens[..r.prompt_len]);
+                    r.prefix_registered = true;
+                }
+                if done {
+                    let row = &logits[row0 * vocab..(row0 + 1) * vocab];
+                    row0 += 1;
+                    let forced = r.budget.forced_next();
+                    let (tok, _) = match forced {
+                        Some(f) => (f, Verdict::Bonus),
+                        None => crate::spec::verify_position(row, None, &r.params, &mut r.rng),
+                    };
+                    commit(r, tok, forced.is_some(), row, &self.eos, self.tokenizer.as_deref());
+                }
+                continue;
+            }
+            let prop = &proposals[j];
+            let n = prop.tokens.len();
+            let n_model = p.k_model.min(n);
+            let mut accepted = 0usize;
+            let mut model_accepted = 0usize;
+            for i in 0..=n {
+                let row = &logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                let d = prop.tokens.get(i).copied();
+                let forced = r.budget.forced_next();
+                let (tok, verdict) = match forced {
+                    Some(f) => (
+                        f,
+                        match d {
+                            Some(d) if d == f => Verdict::Accepted,
+                            Some(_) => Verdict::Recovered,
+                            None => Verdict::Bonus,
+                        },
+                    ),
+                    None => {
+                        let q = if i < n_model { prop.q.as_ref().and_then(|q| q.get(i)).map(|v| v.as_slice()) } else { None };
+                        crate::spec::verify_position(row, d.map(|d| (d, q)), &r.params, &mut r.rng)
+                    }
+                };
+                match verdict {
+                    Verdict::Accepted if i < n_model => {
+                        r.counters.accepted_tokens += 1;
+                        Counters::bump_position(&mut r.counters.accepted_per_position, i);
+                        model_accepted += 1;
+                    }
+                    Verdict::Recovered if i < n_model => r.counters.recovered_tokens += 1,
+                    Verdict::Bonus if n > 0 => r.counters.bonus_tokens += 1,
+                    _ => {}
+                }
+                let finished = commit(r, tok, forced.is_some(), row, &self.eos, self.tokenizer.as_deref());
+                if verdict == Verdict::Accepted {
+                    accepted += 1;
+                }
+                if finished || verdict != Verdict::Accepted {
+                    break;
+                }
+            }
+            row0 += n + 1;
+            // KV now valid for: the fed last token + accepted drafts.
+            let valid = base + 1 + accepted;
+            self.kv.set_len(&mut r.kv, valid);
+            self.kv.truncate(&mut r.kv, valid);
+            if n_model > 0 {
+                let rejected = usize::from(model_accepted < n_model);
+                let obs = model_accepted as f64 / (model_accepted + rejected).max(1) as f64;
+                r.alpha = 0.85 * r.alpha + 0.15 * obs;
+            }
+            if let Some(pr) = self.proposer.as_mut() {
+                if n > 0 {
+                    pr.on_commit(r.id, &r.tokens);
+                }
+            }
+        }
+        Ok(self.collect_events())
+    }
+
+    /// Take this step's events; retire finished requests.
+    pub fn collect_events(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let r = &mut self.running[i];
+            let ev = std::mem::take(&mut r.event);
+            let done = r.finished.is_some();
+            if !ev.tokens.is_empty() || ev.finish.is_some() {
+                events.push(Event { id: r.id, ..ev });
+            }
+            if done {
+                let mut r = self.running.remove(i);
+                self.retire(&mut r);
+            } else {
+                i += 1;
+            }
+        }
+        events
+    }
+
+    pub fn retire(&mut self, r: &mut ReqState) {
+        self.kv.free(&mut r.kv);
+        if let Some(p) = self.proposer.as_mut() {
+            p.release(r.id);
+        }
+        r.counters.reasoning_tokens = r.budget.reasoning as u64;
+        r.counters.answer_tokens = r.budget.answer as u64;
+        self.finished_totals.add(&r.counters);
+    }
+
+    /// Cancel a request wherever it is; returns its final event, or an error if unknown.
+    pub fn cancel(&mut self, id: u64) -> Result<Event> {
+        let mut r = if let Some(pos) = self.running.iter().position(|r| r.id == id) {
+            self.running.remove(pos)
+        } else if let Some(pos) = self.waiting.iter().position(|r| r.id == id) {
+            self.waiting.remove(pos).expect("waiting request")
+        } else {
+            return Err(Error::UnknownRequest(id));
+        };
+        r.finished = Some(FinishReason::Cancelled);
+        let ev = std::mem::take(&mut r.event);
+        self.retire(&mut r);
+        Ok(Event { id, finish: Some(FinishReason::Cancelled), ..ev })
+    }
+}
+
+/// Choose k (model drafts) and the certain forced tokens for a decode request; returns
+/// (k_model, certain, saved) where saved = draft positions the budget clipped away.
+fn choose_drafts(
+    spec: SpecMode,
+    target: &LinearCost,
+    draft: &LinearCost,
+    r: &ReqState,
+    n_decode: usize,
+) -> (usize, Vec<u32>, usize) {
+    let mut k = match spec {
+        SpecMode::Fixed(k) => k,
+        SpecMode::Adaptive { k_max } => choose_k(r.alpha, k_max, n_decode, target, draft),
+    };
+    // never draft past max_tokens: k drafts commit at most k + 1 tokens
+    let left = r.params.max_tokens.saturating_sub(r.generated());
+    k = k.min(left.saturating_sub(1));
+    if k == 0 {
+        return (0, Vec::new(), 0);
+    }
+    match r.budget.remaining() {
+        Some(rem) if rem < k => {
+            let mut certain =
+                if rem == 0 { r.budget.forced_sequence_after_spent() } else { r.budget.config().end.clone() };
+            certain.truncate(k - rem);
+            (rem, certain, k - rem)
+        }
+        _ => (k, Vec::new(), 0),
+    }
+}
+
+/// Commit one token to a request: budget accounting, log-prob, detokenisation, stop checks.
+/// Returns true when the request finished.
+fn commit(r: &mut ReqState, tok: u32, forced: bool, logits: &[f32], eos: &[u32], tok_: Option<&Tokenizer>) -> bool {
+    r.tokens.push(tok);
+    r.budget.commit(tok, forced);
+    r.counters.reasoning_tokens = r.budget.reasoning as u64;
+    r.counters.answer_tokens = r.budget.answer as u64;
+    r.counters.forced_tokens = r.budget.forced_tokens as u64;
+    r.counters.forced_end_of_think = u64::from(r.budget.forced_end);
+    r.event.tokens.push(tok);
+    if r.want_logprobs {
+        r.event.logprobs.push(log_softmax(logits)[tok as usize]);
+    }
+    let mut finish = None;
+    if let (Some(t), Some(d)) = (tok_, r.detok.as_mut()) {
+        if let Ok(delta) = d.push(t, tok) {
+            let res = r.stop.push(&delta);
+            r.event.text.push_str(&res.emit);
+            if res.stopped {
+                finish = Some(FinishReason::StopString);
+            }
+        }
+    }
+    if finish.is_none() && !r.params.ignore_eos && (eos.contains(&tok) || r.params.stop_token_ids.contains(&tok)) {
+        finish = Some(FinishReason::Stop);
+    }
+    if finish.is_none() && r.params.stop_token_ids.contains(&tok) {
+        finish = Some(FinishReason::Stop);
+    }
+    if finish.is_none() && r.generated() >= r.params.max_tokens {
+        finish = Some(FinishReason::Length);
+    }
+    if let Some(f) = finish {
+        if f != FinishReason::StopString {
+            if let (Some(t), Some(d)) = (tok_, r.detok.as_mut()) {
+                if let Ok(rest) = d.finish(t) {
+                    let res = r.stop.push(&rest);
+                    r.event.text.push_str(&res.emit);
+                }
+                r.event.text.push_str(&r.stop.finish());
+            }
+        }
+        r.event.finish = Some(f.clone());
+        r.finished = Some(f);
+        return true;
+    }
+    false
+}

@@ -1,0 +1,494 @@
+//! The engine: `submit(request) -> id`, `step() -> events`, `cancel(id)`, draft swaps, counters.
+//!
+//! Thread safety: `Engine` is `Send + Sync`. `submit`, `cancel`, `set_draft_weights`,
+//! `request_counters`, `swap_status` and `stats` never wait for a running step: submissions and
+//! cancels travel over a crossbeam channel and take effect at the start of the next step; draft
+//! weights load and validate on a background thread and are swapped in atomically between two
+//! steps. `step` itself is serialised (one at a time).
+
+mod core;
+pub mod request;
+mod swap;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::kv::{KvCache, KvConfig, KvDtype, KvStats};
+use crate::model::Model;
+use crate::sampling::{Rng, StopMatcher};
+use crate::spec::{BudgetConfig, BudgetState, Counters, DraftModelProposer, NgramProposer, Proposer, SpecMode};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+use self::core::Core;
+pub use request::{Event, FinishReason, Prompt, Request};
+use request::ReqState;
+pub use swap::{DraftSource, SwapStatus};
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Worker threads for the forward pass (0 = all cores).
+    pub threads: usize,
+    /// Target KV cache dtype.
+    pub kv_dtype: KvDtype,
+    /// Draft KV cache dtype (None = same as the target's).
+    pub draft_kv_dtype: Option<KvDtype>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Target KV pool size in blocks.
+    pub num_blocks: usize,
+    /// Draft KV pool size in blocks.
+    pub draft_num_blocks: usize,
+    /// Per-step token budget (prefill is chunked to fit).
+    pub max_batch_tokens: usize,
+    /// Maximum requests running at once.
+    pub max_running: usize,
+    /// Share full prompt blocks across requests.
+    pub prefix_cache: bool,
+    /// Draft length policy (used when a drafter is set).
+    pub spec: SpecMode,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 0,
+            kv_dtype: KvDtype::F32,
+            draft_kv_dtype: None,
+            block_size: 16,
+            num_blocks: 2048,
+            draft_num_blocks: 2048,
+            max_batch_tokens: 512,
+            max_running: 64,
+            prefix_cache: true,
+            spec: SpecMode::Fixed(4),
+        }
+    }
+}
+
+/// Final result of one request (for `generate`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Output {
+    pub id: u64,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub finish_reason: String,
+    pub counters: Counters,
+}
+
+/// Engine-wide statistics.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub running: usize,
+    pub waiting: usize,
+    /// Counters summed over finished and running requests.
+    pub totals: Counters,
+    pub mean_acceptance_length: f64,
+    pub time_target_forward_s: f64,
+    pub time_draft_s: f64,
+    #[serde(skip)]
+    pub kv: KvStats,
+    #[serde(skip)]
+    pub draft_kv: Option<KvStats>,
+    pub target_kv_bytes_per_token: usize,
+    pub draft_kv_bytes_per_token: usize,
+    pub draft_generation: u64,
+    pub drafter: String,
+}
+
+enum Command {
+    Submit(Box<ReqState>),
+    Cancel(u64),
+}
+
+/// Immutable facts every thread may read without the step lock.
+struct Shared {
+    vocab_size: usize,
+    tokenizer: Option<Arc<Tokenizer>>,
+    think_start: Vec<u32>,
+    think_end: Vec<u32>,
+    block_size: usize,
+    num_blocks: usize,
+    k_max: usize,
+}
+
+/// A serving engine over one target model and an optional drafter.
+pub struct Engine {
+    shared: Arc<Shared>,
+    core: Mutex<Core>,
+    tx: Sender<Command>,
+    rx: Receiver<Command>,
+    next_id: AtomicU64,
+    live: Mutex<HashSet<u64>>,
+    counters: Mutex<HashMap<u64, Counters>>,
+    swaps: swap::Swaps,
+    pool: rayon::ThreadPool,
+    cfg: EngineConfig,
+}
+
+impl Engine {
+    /// Load a target model directory; `draft` optionally names a drafter.
+    pub fn new(target_dir: &Path, draft: DraftSource, cfg: EngineConfig) -> Result<Engine> {
+        let pool = build_pool(cfg.threads)?;
+        let model = Arc::new(pool.install(|| Model::load_dir(target_dir))?);
+        let tokenizer = Tokenizer::from_model_dir(target_dir)?.map(Arc::new);
+        let mut eng = Engine::from_parts(model, tokenizer, None, cfg, pool)?;
+        if !matches!(draft, DraftSource::None) {
+            if let DraftSource::Dir(d) = &draft {
+                eng.swaps.set_current_config(Some(crate::config::ModelConfig::from_file(&d.join("config.json"))?));
+            }
+            let p = eng.build_proposer(draft)?;
+            eng.core.get_mut().expect("core lock").proposer = Some(p);
+        }
+        Ok(eng)
+    }
+
+    /// Build from an already loaded model (tests, embedding).
+    pub fn from_model(model: Arc<Model>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Engine> {
+        let pool = build_pool(cfg.threads)?;
+        Engine::from_parts(model, tokenizer, None, cfg, pool)
+    }
+
+    fn from_parts(
+        model: Arc<Model>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        proposer: Option<Box<dyn Proposer>>,
+        cfg: EngineConfig,
+        pool: rayon::ThreadPool,
+    ) -> Result<Engine> {
+        if cfg.block_size == 0 || cfg.num_blocks == 0 {
+            return Err(Error::InvalidArgument("block_size and num_blocks must be > 0".into()));
+        }
+        let c = &model.config;
+        let kv = KvCache::new(KvConfig {
+            num_layers: c.num_hidden_layers,
+            kv_lora_rank: c.kv_lora_rank,
+            rope_dim: c.qk_rope_head_dim,
+            block_size: cfg.block_size,
+            num_blocks: cfg.num_blocks,
+            dtype: cfg.kv_dtype,
+        })?;
+        let special = |name: &str| tokenizer.as_ref().and_then(|t| t.token_to_id(name)).map(|i| vec![i]).unwrap_or_default();
+        let mut eos = c.eos_token_ids.clone();
+        if let Some(e) = tokenizer.as_ref().and_then(|t| t.token_to_id("<eos>")) {
+            if !eos.contains(&e) {
+                eos.push(e);
+            }
+        }
+        let k_max = match cfg.spec {
+            SpecMode::Fixed(k) => k,
+            SpecMode::Adaptive { k_max } => k_max,
+        };
+        let shared = Arc::new(Shared {
+            vocab_size: c.vocab_size,
+            tokenizer: tokenizer.clone(),
+            think_start: special("<think>"),
+            think_end: special("</think>"),
+            block_size: cfg.block_size,
+            num_blocks: cfg.num_blocks,
+            k_max,
+        });
+        let core = Core {
+            model,
+            tokenizer,
+            kv,
+            cfg: cfg.clone(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            proposer,
+            draft_generation: 0,
+            target_cost: Default::default(),
+            draft_cost: Default::default(),
+            eos,
+            steps: 0,
+            time_target_s: 0.0,
+            time_draft_s: 0.0,
+            admitted: 0,
+            finished_totals: Counters::default(),
+        };
+        let (tx, rx) = unbounded();
+        Ok(Engine {
+            shared,
+            core: Mutex::new(core),
+            tx,
+            rx,
+            next_id: AtomicU64::new(1),
+            live: Mutex::new(HashSet::new()),
+            counters: Mutex::new(HashMap::new()),
+            swaps: swap::Swaps::default(),
+            pool,
+            cfg,
+        })
+    }
+
+    /// The tokenizer, if the model directory had one.
+    pub fn tokenizer(&self) -> Option<&Arc<Tokenizer>> {
+        self.shared.tokenizer.as_ref()
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Validate and queue a request; returns its id. Never waits for a running step.
+    pub fn submit(&self, req: Request) -> Result<u64> {
+        let sh = &self.shared;
+        let tokens = match &req.prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Text(s) => {
+                let t = sh.tokenizer.as_ref().ok_or_else(|| {
+                    Error::NoTokenizer("the model directory has no tokenizer.json; submit token ids".into())
+                })?;
+                t.encode(s, false)?
+            }
+        };
+        if tokens.is_empty() {
+            return Err(Error::InvalidRequest("empty prompt".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= sh.vocab_size) {
+            return Err(Error::UnknownToken { id: bad, vocab_size: sh.vocab_size });
+        }
+        req.sampling.validate()?;
+        if req.sampling.max_tokens == 0 {
+            return Err(Error::InvalidRequest("max_tokens must be >= 1".into()));
+        }
+        let start = req.think_start.clone().unwrap_or_else(|| sh.think_start.clone());
+        let end = req.think_end.clone().unwrap_or_else(|| sh.think_end.clone());
+        for m in [&start, &end] {
+            if let Some(&bad) = m.iter().find(|&&t| t as usize >= sh.vocab_size) {
+                return Err(Error::UnknownToken { id: bad, vocab_size: sh.vocab_size });
+            }
+        }
+        if req.reasoning_budget.is_some() && end.is_empty() {
+            return Err(Error::InvalidRequest(
+                "reasoning_budget needs a think-end marker (the tokenizer has no </think>; pass think_end)".into(),
+            ));
+        }
+        let need = tokens.len() + req.sampling.max_tokens + sh.k_max + 1;
+        let blocks = need.div_ceil(sh.block_size);
+        if blocks > sh.num_blocks {
+            return Err(Error::KvExhausted(format!(
+                "request needs up to {need} tokens ({blocks} blocks of {}), the pool has {} blocks",
+                sh.block_size, sh.num_blocks
+            )));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let budget = BudgetState::new(BudgetConfig { budget: req.reasoning_budget, start, end }, &tokens);
+        let state = ReqState {
+            id,
+            prompt_len: tokens.len(),
+            counters: Counters { prompt_tokens: tokens.len() as u64, ..Default::default() },
+            tokens,
+            kv: Default::default(),
+            budget,
+            rng: Rng::new(req.sampling.seed),
+            detok: sh.tokenizer.as_ref().map(|_| StreamDecoder::new(true)),
+            stop: StopMatcher::new(&req.sampling.stop_strings),
+            params: req.sampling,
+            speculate: req.speculate,
+            want_logprobs: req.logprobs,
+            alpha: 0.7,
+            prefix_registered: false,
+            event: Event::default(),
+            finished: None,
+            admitted_seq: u64::MAX,
+        };
+        self.live.lock().expect("live lock").insert(id);
+        self.tx.send(Command::Submit(Box::new(state))).map_err(|_| Error::Engine("engine is shut down".into()))?;
+        Ok(id)
+    }
+
+    /// Cancel a request; its final event (finish = Cancelled) comes from the next step.
+    pub fn cancel(&self, id: u64) -> Result<()> {
+        if !self.live.lock().expect("live lock").contains(&id) {
+            return Err(Error::UnknownRequest(id));
+        }
+        self.tx.send(Command::Cancel(id)).map_err(|_| Error::Engine("engine is shut down".into()))
+    }
+
+    /// Whether any request is queued or running.
+    pub fn has_work(&self) -> bool {
+        !self.live.lock().expect("live lock").is_empty()
+    }
+
+    /// Run one step and return its events.
+    pub fn step(&self) -> Result<Vec<Event>> {
+        let mut core = self.core.lock().map_err(|_| Error::Engine("a previous step panicked".into()))?;
+        let mut events = Vec::new();
+        self.swaps.apply_ready(&mut core);
+        for cmd in self.rx.try_iter() {
+            match cmd {
+                Command::Submit(r) => core.waiting.push_back(*r),
+                Command::Cancel(id) => {
+                    if let Ok(ev) = core.cancel(id) {
+                        events.push(ev);
+                    }
+                }
+            }
+        }
+        let core_ref: &mut Core = &mut core;
+        let res = self.pool.install(|| core_ref.step());
+        match res {
+            Ok(evs) => events.extend(evs),
+            Err(e) => {
+                // A failed forward loses nothing: fail the step's requests loudly rather than corrupt them.
+                let ids: Vec<u64> = core.running.iter().map(|r| r.id).collect();
+                for id in ids {
+                    if let Ok(mut ev) = core.cancel(id) {
+                        ev.finish = Some(FinishReason::Error(e.to_string()));
+                        events.push(ev);
+                    }
+                }
+            }
+        }
+        // publish counters, retire finished ids
+        let mut snap = self.counters.lock().expect("counters lock");
+        for r in core.running.iter().chain(core.waiting.iter()) {
+            let mut c = r.counters.clone();
+            c.reasoning_tokens = r.budget.reasoning as u64;
+            c.answer_tokens = r.budget.answer as u64;
+            snap.insert(r.id, c);
+        }
+        let mut live = self.live.lock().expect("live lock");
+        for ev in &events {
+            if ev.finish.is_some() {
+                live.remove(&ev.id);
+            }
+        }
+        Ok(events)
+    }
+
+    /// Counters of a request (running, waiting or finished).
+    pub fn request_counters(&self, id: u64) -> Result<Counters> {
+        self.counters.lock().expect("counters lock").get(&id).cloned().ok_or(Error::UnknownRequest(id))
+    }
+
+    /// Engine-wide statistics (waits for a running step).
+    pub fn stats(&self) -> EngineStats {
+        let core = self.core.lock().expect("core lock");
+        let mut totals = core.finished_totals.clone();
+        for r in core.running.iter() {
+            let mut c = r.counters.clone();
+            c.reasoning_tokens = r.budget.reasoning as u64;
+            c.answer_tokens = r.budget.answer as u64;
+            totals.add(&c);
+        }
+        let kv = core.kv.stats();
+        let draft_kv = core.proposer.as_ref().and_then(|p| p.kv_stats());
+        let layers = core.model.config.num_hidden_layers;
+        EngineStats {
+            steps: core.steps,
+            running: core.running.len(),
+            waiting: core.waiting.len(),
+            mean_acceptance_length: totals.mean_acceptance_length(),
+            totals,
+            time_target_forward_s: core.time_target_s,
+            time_draft_s: core.time_draft_s,
+            target_kv_bytes_per_token: kv.bytes_per_token_per_layer * layers,
+            draft_kv_bytes_per_token: core.proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token()),
+            kv,
+            draft_kv,
+            draft_generation: core.draft_generation,
+            drafter: core.proposer.as_ref().map_or("none".into(), |p| p.name()),
+        }
+    }
+
+    /// Submit every request, step until all finish, return their outputs in order.
+    pub fn generate(&self, reqs: Vec<Request>) -> Result<Vec<Output>> {
+        let mut ids = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            ids.push(self.submit(r)?);
+        }
+        let mut outs: HashMap<u64, Output> = ids
+            .iter()
+            .map(|&id| {
+                (id, Output { id, text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: String::new(), counters: Counters::default() })
+            })
+            .collect();
+        let mut open: HashSet<u64> = ids.iter().copied().collect();
+        while !open.is_empty() {
+            for ev in self.step()? {
+                if let Some(o) = outs.get_mut(&ev.id) {
+                    o.token_ids.extend_from_slice(&ev.tokens);
+                    o.logprobs.extend_from_slice(&ev.logprobs);
+                    o.text.push_str(&ev.text);
+                    if let Some(f) = ev.finish {
+                        if let FinishReason::Error(m) = &f {
+                            return Err(Error::Engine(format!("request {} failed: {m}", ev.id)));
+                        }
+                        o.finish_reason = f.as_str().to_string();
+                        open.remove(&ev.id);
+                    }
+                }
+            }
+        }
+        for o in outs.values_mut() {
+            o.counters = self.request_counters(o.id)?;
+        }
+        Ok(ids.into_iter().map(|id| outs.remove(&id).expect("output")).collect())
+    }
+
+    /// Build a proposer for `src` (used at creation and by swaps).
+    fn build_proposer(&self, src: DraftSource) -> Result<Box<dyn Proposer>> {
+        swap::build_proposer(src, &self.swap_ctx())
+    }
+
+    fn swap_ctx(&self) -> swap::SwapCtx {
+        swap::SwapCtx {
+            target_vocab: self.shared.vocab_size,
+            target_tokenizer: self.shared.tokenizer.clone(),
+            kv_dtype: self.cfg.draft_kv_dtype.unwrap_or(self.cfg.kv_dtype),
+            num_blocks: self.cfg.draft_num_blocks,
+            block_size: self.cfg.block_size,
+            current_draft_config: self.swaps.current_config(),
+        }
+    }
+
+    /// Replace the drafter while the engine serves. Loading and validation run on a background
+    /// thread; the swap happens between two steps. Returns a ticket for `swap_status`.
+    pub fn set_draft_weights(&self, src: DraftSource) -> u64 {
+        self.swaps.start(src, self.swap_ctx())
+    }
+
+    /// Same, but load and validate on the calling thread; the swap still lands between steps.
+    /// Returns the error of bad weights directly (the old drafter keeps serving).
+    pub fn set_draft_weights_blocking(&self, src: DraftSource) -> Result<u64> {
+        let p = swap::build_proposer(src, &self.swap_ctx())?;
+        Ok(self.swaps.enqueue_ready(p))
+    }
+
+    /// Status of a swap ticket.
+    pub fn swap_status(&self, ticket: u64) -> SwapStatus {
+        self.swaps.status(ticket)
+    }
+}
+
+fn build_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    let mut b = rayon::ThreadPoolBuilder::new();
+    if threads > 0 {
+        b = b.num_threads(threads);
+    }
+    b.build().map_err(|e| Error::Engine(format!("thread pool: {e}")))
+}
+
+/// Tell whether `dir` looks like a model directory (config.json present).
+pub fn is_model_dir(dir: &Path) -> bool {
+    dir.join("config.json").is_file()
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn f<T: Send + Sync>() {}
+    f::<Engine>();
+    let _ = PathBuf::new();
+    let _ = NgramProposer::default();
+    let _: Option<DraftModelProposer> = None;
+}

@@ -1,0 +1,127 @@
+//! What a caller submits (`Request`), what a step returns (`Event`), and the engine's per-request
+//! state (`ReqState`): committed tokens, KV block table, budget, counters, RNG, detokeniser.
+
+use serde::Serialize;
+
+use crate::kv::SeqKv;
+use crate::sampling::{Rng, SamplingParams, StopMatcher};
+use crate::spec::{BudgetState, Counters};
+use crate::tokenizer::StreamDecoder;
+
+/// The prompt of a request.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    Tokens(Vec<u32>),
+    /// UTF-8 text, encoded with the model's tokenizer (special tokens written as text are parsed).
+    Text(String),
+}
+
+/// A generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    /// Maximum committed reasoning tokens; None = unlimited.
+    pub reasoning_budget: Option<usize>,
+    /// Think-start marker override (default: the tokenizer's `<think>`).
+    pub think_start: Option<Vec<u32>>,
+    /// Think-end marker override (default: the tokenizer's `</think>`); may be several tokens.
+    pub think_end: Option<Vec<u32>>,
+    /// Allow speculation for this request (it rides in the same batch either way).
+    pub speculate: bool,
+    /// Return the target log-prob of each committed token.
+    pub logprobs: bool,
+}
+
+impl Request {
+    pub fn new(prompt: Prompt) -> Self {
+        Request {
+            prompt,
+            sampling: SamplingParams::default(),
+            reasoning_budget: None,
+            think_start: None,
+            think_end: None,
+            speculate: true,
+            logprobs: false,
+        }
+    }
+}
+
+/// Why a request finished.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token id was generated.
+    Stop,
+    /// A stop string matched.
+    StopString,
+    /// max_tokens reached.
+    Length,
+    /// Cancelled by the caller.
+    Cancelled,
+    /// The engine could not serve it (message says why).
+    Error(String),
+}
+
+impl FinishReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::StopString => "stop_string",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error(_) => "error",
+        }
+    }
+}
+
+/// What one step produced for one request.
+#[derive(Clone, Debug, Default)]
+pub struct Event {
+    pub id: u64,
+    /// Newly committed token ids.
+    pub tokens: Vec<u32>,
+    /// Log-probs of those tokens under the target (if requested). // [tokens.len()]
+    pub logprobs: Vec<f32>,
+    /// New text (empty when the model has no tokenizer).
+    pub text: String,
+    /// Set on the request's last event.
+    pub finish: Option<FinishReason>,
+}
+
+/// Engine-internal state of a request.
+pub(crate) struct ReqState {
+    pub id: u64,
+    pub params: SamplingParams,
+    pub prompt_len: usize,
+    /// Committed tokens: prompt + output. // [prompt_len + generated]
+    pub tokens: Vec<u32>,
+    /// Target KV of tokens[..kv.len()].
+    pub kv: SeqKv,
+    pub budget: BudgetState,
+    pub counters: Counters,
+    pub rng: Rng,
+    pub detok: Option<StreamDecoder>,
+    pub stop: StopMatcher,
+    pub speculate: bool,
+    pub want_logprobs: bool,
+    /// Running acceptance estimate (per draft token) for the adaptive policy.
+    pub alpha: f64,
+    /// Prompt blocks already published to the prefix cache.
+    pub prefix_registered: bool,
+    /// Event being built this step.
+    pub event: Event,
+    pub finished: Option<FinishReason>,
+    /// Step when first admitted (for preemption order: youngest first).
+    pub admitted_seq: u64,
+}
+
+impl ReqState {
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+    /// Tokens still to be fed to the target before the next token can be sampled.
+    pub fn pending(&self) -> usize {
+        self.tokens.len() - self.kv.len()
+    }
+}

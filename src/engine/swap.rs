@@ -1,0 +1,191 @@
+//! Draft swaps at run time. A new drafter (new weights for the same architecture, a whole new
+//! draft model with the same vocabulary, an n-gram proposer, or none) is built and validated on a
+//! background thread, then handed to the step loop, which installs it between two steps and bumps
+//! the draft generation. The new drafter owns a fresh draft KV pool, so no draft KV of the old
+//! weights can ever be reused (not through its prefix cache either); the target's KV cache and
+//! prefix cache are untouched. Bad weights fail validation and the old drafter keeps serving.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kv::KvDtype;
+use crate::model::Model;
+use crate::spec::{DraftModelProposer, NgramProposer, Proposer};
+use crate::tokenizer::Tokenizer;
+use crate::weights::{WeightSource, WeightStore};
+
+use super::core::Core;
+
+/// Where new draft weights come from.
+#[derive(Clone, Debug)]
+pub enum DraftSource {
+    /// Speculation off.
+    None,
+    /// Prompt-lookup proposer.
+    Ngram { min_n: usize, max_n: usize },
+    /// A model directory (config.json + safetensors [+ tokenizer.json]): any draft architecture.
+    Dir(PathBuf),
+    /// A safetensors file with new weights for the CURRENT draft architecture.
+    File(PathBuf),
+    /// Safetensors bytes in memory with new weights for the CURRENT draft architecture.
+    Bytes(Vec<u8>),
+}
+
+/// State of a swap request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SwapStatus {
+    /// Loading / validating, or waiting for the next step.
+    Pending,
+    /// Installed; the drafter serves from this generation on.
+    Applied { generation: u64 },
+    /// Refused; the previous drafter keeps serving.
+    Failed(String),
+    /// No such ticket.
+    Unknown,
+}
+
+/// What the builder needs to know about the target and the current draft.
+#[derive(Clone)]
+pub(crate) struct SwapCtx {
+    pub target_vocab: usize,
+    pub target_tokenizer: Option<Arc<Tokenizer>>,
+    pub kv_dtype: KvDtype,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub current_draft_config: Option<ModelConfig>,
+}
+
+struct Ready {
+    ticket: u64,
+    proposer: Option<Box<dyn Proposer>>,
+    config: Option<ModelConfig>,
+}
+
+/// Swap bookkeeping shared by callers (any thread) and the step loop.
+#[derive(Default)]
+pub(crate) struct Swaps {
+    next: AtomicU64,
+    status: Arc<Mutex<HashMap<u64, SwapStatus>>>,
+    ready: Arc<Mutex<Vec<Ready>>>,
+    current: Arc<Mutex<Option<ModelConfig>>>,
+}
+
+/// Build and validate a drafter (runs off the step path).
+pub(crate) fn build_proposer(src: DraftSource, ctx: &SwapCtx) -> Result<Box<dyn Proposer>> {
+    Ok(match build(src, ctx)? {
+        (Some(p), _) => p,
+        (None, _) => return Err(Error::Draft("no drafter".into())),
+    })
+}
+
+fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+    let (config, store, label) = match src {
+        DraftSource::None => return Ok((None, None)),
+        DraftSource::Ngram { min_n, max_n } => {
+            if min_n == 0 || max_n < min_n {
+                return Err(Error::Draft(format!("bad n-gram range {min_n}..{max_n}")));
+            }
+            return Ok((Some(Box::new(NgramProposer { min_n, max_n })), None));
+        }
+        DraftSource::Dir(dir) => {
+            let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+            if let (Some(tt), Some(dt)) = (&ctx.target_tokenizer, Tokenizer::from_model_dir(&dir)?) {
+                if tt.vocab_fingerprint() != dt.vocab_fingerprint() {
+                    return Err(Error::Draft(format!(
+                        "tokenizer mismatch: {} has a different vocabulary than the target",
+                        dir.display()
+                    )));
+                }
+            }
+            let store = WeightStore::open(WeightSource::Dir(dir.clone()))?;
+            (cfg, store, format!("draft:{}", dir.file_name().map_or("?".into(), |n| n.to_string_lossy().into_owned())))
+        }
+        DraftSource::File(path) => {
+            let cfg = ctx.current_draft_config.clone().ok_or_else(|| {
+                Error::Draft("a weights file needs a current draft architecture; pass a model directory".into())
+            })?;
+            let label = format!("draft-weights:{}", path.display());
+            (cfg, WeightStore::open(WeightSource::File(path))?, label)
+        }
+        DraftSource::Bytes(bytes) => {
+            let cfg = ctx.current_draft_config.clone().ok_or_else(|| {
+                Error::Draft("weights bytes need a current draft architecture; pass a model directory".into())
+            })?;
+            (cfg, WeightStore::open(WeightSource::Bytes(bytes))?, "draft-weights:bytes".into())
+        }
+    };
+    if config.vocab_size != ctx.target_vocab {
+        return Err(Error::Draft(format!(
+            "vocabulary mismatch: draft vocab_size {} != target vocab_size {}",
+            config.vocab_size, ctx.target_vocab
+        )));
+    }
+    let model = Arc::new(Model::load(config.clone(), &store)?);
+    let p = DraftModelProposer::new(model, ctx.kv_dtype, ctx.num_blocks, ctx.block_size, ctx.target_vocab, label)?;
+    Ok((Some(Box::new(p)), Some(config)))
+}
+
+impl Swaps {
+    pub fn current_config(&self) -> Option<ModelConfig> {
+        self.current.lock().expect("swap lock").clone()
+    }
+
+    /// Record the architecture of the drafter installed at engine creation.
+    pub fn set_current_config(&self, c: Option<ModelConfig>) {
+        *self.current.lock().expect("swap lock") = c;
+    }
+
+    /// Start a background load; returns the ticket.
+    pub fn start(&self, src: DraftSource, ctx: SwapCtx) -> u64 {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.status.lock().expect("swap lock").insert(ticket, SwapStatus::Pending);
+        let status = Arc::clone(&self.status);
+        let ready = Arc::clone(&self.ready);
+        std::thread::spawn(move || {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, &ctx)));
+            match res {
+                Ok(Ok((proposer, config))) => ready.lock().expect("swap lock").push(Ready { ticket, proposer, config }),
+                Ok(Err(e)) => {
+                    status.lock().expect("swap lock").insert(ticket, SwapStatus::Failed(e.to_string()));
+                }
+                Err(_) => {
+                    status.lock().expect("swap lock").insert(ticket, SwapStatus::Failed("loader panicked".into()));
+                }
+            }
+        });
+        ticket
+    }
+
+    /// Queue an already built drafter (validated on the caller's thread).
+    pub fn enqueue_ready(&self, p: Box<dyn Proposer>) -> u64 {
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.status.lock().expect("swap lock").insert(ticket, SwapStatus::Pending);
+        self.ready.lock().expect("swap lock").push(Ready { ticket, proposer: Some(p), config: None });
+        ticket
+    }
+
+    pub fn status(&self, ticket: u64) -> SwapStatus {
+        self.status.lock().expect("swap lock").get(&ticket).cloned().unwrap_or(SwapStatus::Unknown)
+    }
+
+    /// Install every drafter that finished loading (called by the step loop between steps).
+    pub fn apply_ready(&self, core: &mut Core) {
+        let mut ready = std::mem::take(&mut *self.ready.lock().expect("swap lock"));
+        ready.sort_by_key(|r| r.ticket);
+        for r in ready {
+            core.proposer = r.proposer;
+            core.draft_generation += 1;
+            if r.config.is_some() || core.proposer.is_none() {
+                *self.current.lock().expect("swap lock") = r.config;
+            }
+            self.status
+                .lock()
+                .expect("swap lock")
+                .insert(r.ticket, SwapStatus::Applied { generation: core.draft_generation });
+        }
+    }
+}

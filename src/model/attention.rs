@@ -1,0 +1,205 @@
+//! Multi-head latent attention over the latent paged cache.
+//!
+//! Projections: q = q_b(rms(q_a(x))) (or q_proj(x)) -> [n, H, nope + rope]; kv_a(x) -> [n, kv_lora + rope]
+//! = [c | k_pe]; c = rms(c); RoPE on q_pe and k_pe; the slot [c | k_pe] is written to the cache, and
+//! attention then reads every key (the new ones included) back from the cache, so both paths see
+//! exactly the cached (possibly quantised) values.
+//!
+//! Two paths over the same cache, chosen per token from `SeqChunk::mha_until` (sequence-only):
+//! - decompressed MHA (prompt tokens): k_nope, v = kv_b_proj(c) for every key; per head
+//!   softmax(scale (q_nope.k_nope + q_pe.k_pe)) v.
+//! - absorbed (generated tokens): q_lat^h = W_UK^h^T q_nope^h; per head softmax(scale (q_lat.c + q_pe.k_pe));
+//!   o^h = W_UV^h (sum_t p_t c_t).
+//! Keys are visited in position order 0..=pos for every query, with fixed-order kernels, so a
+//! query's output depends only on its own sequence's cache — never on the batch or the chunking.
+
+use rayon::prelude::*;
+
+use crate::config::ModelConfig;
+use crate::kernels::{axpy, dot, matmul, rms_norm, softmax_inplace};
+use crate::kv::KvCache;
+
+use super::batch::SeqChunk;
+use super::rope::Rope;
+use super::weights::Attention;
+
+/// Attention for all tokens of a layer. `xn`: [n, hidden] (normalised input); `pos`: [n] absolute
+/// positions; chunks cover the n tokens in order. Returns o_proj output [n, hidden].
+pub(super) fn mla_attention(
+    cfg: &ModelConfig,
+    rope: &Rope,
+    a: &Attention,
+    layer: usize,
+    xn: &[f32],
+    pos: &[usize],
+    chunks: &[SeqChunk],
+    kv: &mut KvCache,
+) -> Vec<f32> {
+    let n = pos.len();
+    let nh = cfg.num_attention_heads;
+    let (nope, rdim, vdim, kvl) =
+        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let qk = nope + rdim;
+    let kvd = kvl + rdim;
+
+    // q: [n, H, nope + rope]
+    let mut q = vec![0f32; n * nh * qk];
+    if let Some((qa, qa_norm, qb)) = &a.q_lora {
+        let r = qa.rows;
+        let mut qlat = vec![0f32; n * r]; // [n, q_lora]
+        matmul(qa, xn, n, &mut qlat);
+        let mut qn = vec![0f32; n * r]; // [n, q_lora]
+        for t in 0..n {
+            rms_norm(&qlat[t * r..(t + 1) * r], qa_norm, cfg.rms_norm_eps, &mut qn[t * r..(t + 1) * r]);
+        }
+        matmul(qb, &qn, n, &mut q);
+    } else if let Some(qp) = &a.q_proj {
+        matmul(qp, xn, n, &mut q);
+    }
+    // ckv: [n, kv_lora + rope] -> slots [c (normalised) | k_pe (roped)]
+    let mut ckv = vec![0f32; n * kvd];
+    matmul(&a.kv_a_proj, xn, n, &mut ckv);
+    let mut c_norm = vec![0f32; kvl]; // [kv_lora]
+    for t in 0..n {
+        let row = &mut ckv[t * kvd..(t + 1) * kvd];
+        rms_norm(&row[..kvl], &a.kv_a_norm, cfg.rms_norm_eps, &mut c_norm);
+        row[..kvl].copy_from_slice(&c_norm);
+        rope.apply(&mut row[kvl..], pos[t]);
+        for h in 0..nh {
+            let qh = &mut q[(t * nh + h) * qk..(t * nh + h + 1) * qk];
+            rope.apply(&mut qh[nope..], pos[t]);
+        }
+    }
+    // Write the new slots, then read everything back from the cache.
+    let mut t0 = 0;
+    for ch in chunks {
+        for i in 0..ch.tokens.len() {
+            let row = &ckv[(t0 + i) * kvd..(t0 + i + 1) * kvd];
+            kv.write_slot(layer, ch.kv, ch.start + i, &row[..kvl], &row[kvl..]);
+        }
+        t0 += ch.tokens.len();
+    }
+    let kv = &*kv;
+    let scale = cfg.softmax_scale();
+
+    let mut attn = vec![0f32; n * nh * vdim]; // [n, H, v]
+    let mut t0 = 0;
+    for ch in chunks {
+        let len = ch.tokens.len();
+        if len == 0 {
+            continue;
+        }
+        let end = ch.start + len;
+        let mut cache = vec![0f32; end * kvd]; // [end, kv_lora + rope]
+        kv.read_range(layer, ch.kv, 0, end, &mut cache);
+        let q_ch = &q[t0 * nh * qk..(t0 + len) * nh * qk]; // [len, H, qk]
+        let out_ch = &mut attn[t0 * nh * vdim..(t0 + len) * nh * vdim]; // [len, H, v]
+        let n_mha = ch.mha_until.saturating_sub(ch.start).min(len);
+        if n_mha > 0 {
+            let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
+            mha(cfg, a, scale, &cache[..keys * kvd], ch.start, &q_ch[..n_mha * nh * qk], &mut out_ch[..n_mha * nh * vdim]);
+        }
+        if n_mha < len {
+            absorbed(
+                cfg,
+                a,
+                scale,
+                &cache,
+                ch.start + n_mha,
+                &q_ch[n_mha * nh * qk..],
+                &mut out_ch[n_mha * nh * vdim..],
+            );
+        }
+        t0 += len;
+    }
+    let mut out = vec![0f32; n * cfg.hidden_size]; // [n, hidden]
+    matmul(&a.o_proj, &attn, n, &mut out);
+    out
+}
+
+/// Decompressed MHA. `cache`: [keys, kv_lora + rope]; queries q: [m, H, qk] at positions
+/// start.. start + m; out: [m, H, v].
+fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
+    let nh = cfg.num_attention_heads;
+    let (nope, rdim, vdim, kvl) =
+        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (qk, kvd) = (nope + rdim, kvl + rdim);
+    let keys = cache.len() / kvd;
+    let mut c = vec![0f32; keys * kvl]; // [keys, kv_lora]
+    for t in 0..keys {
+        c[t * kvl..(t + 1) * kvl].copy_from_slice(&cache[t * kvd..t * kvd + kvl]);
+    }
+    let hd = nope + vdim;
+    let mut kvb = vec![0f32; keys * nh * hd]; // [keys, H, nope + v]
+    matmul(&a.kv_b_proj, &c, keys, &mut kvb);
+    out.par_chunks_mut(vdim).enumerate().for_each(|(i, o)| {
+        let (m, h) = (i / nh, i % nh);
+        let p = start + m;
+        let qh = &q[(m * nh + h) * qk..(m * nh + h + 1) * qk];
+        let mut s = vec![0f32; p + 1]; // [p + 1]
+        for (t, st) in s.iter_mut().enumerate() {
+            let kn = &kvb[(t * nh + h) * hd..(t * nh + h) * hd + nope];
+            let kpe = &cache[t * kvd + kvl..(t + 1) * kvd];
+            *st = (dot(&qh[..nope], kn) + dot(&qh[nope..], kpe)) * scale;
+        }
+        softmax_inplace(&mut s);
+        o.fill(0.0);
+        for (t, &pt) in s.iter().enumerate() {
+            let v = &kvb[(t * nh + h) * hd + nope..(t * nh + h + 1) * hd];
+            axpy(pt, v, o);
+        }
+    });
+}
+
+/// Absorbed MQA over the latent cache. `cache`: [>= start + m, kv_lora + rope]; q: [m, H, qk] at
+/// positions start..start + m; out: [m, H, v].
+fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
+    let nh = cfg.num_attention_heads;
+    let (nope, rdim, vdim, kvl) =
+        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (qk, kvd) = (nope + rdim, kvl + rdim);
+    let m = q.len() / (nh * qk);
+    // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
+    let mut q_abs = vec![0f32; m * nh * kvd];
+    let mut qn = vec![0f32; m * nope]; // [m, nope]
+    let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
+    for h in 0..nh {
+        for i in 0..m {
+            qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
+        }
+        matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+        for i in 0..m {
+            let dst = &mut q_abs[(i * nh + h) * kvd..(i * nh + h + 1) * kvd];
+            dst[..kvl].copy_from_slice(&ql[i * kvl..(i + 1) * kvl]);
+            dst[kvl..].copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
+        }
+    }
+    // ctx: [m, H, kv_lora] = sum_t p_t c_t
+    let mut ctx = vec![0f32; m * nh * kvl];
+    ctx.par_chunks_mut(kvl).enumerate().for_each(|(i, o)| {
+        let (mi, h) = (i / nh, i % nh);
+        let p = start + mi;
+        let qa = &q_abs[(mi * nh + h) * kvd..(mi * nh + h + 1) * kvd];
+        let mut s = vec![0f32; p + 1]; // [p + 1]
+        for (t, st) in s.iter_mut().enumerate() {
+            *st = dot(qa, &cache[t * kvd..(t + 1) * kvd]) * scale;
+        }
+        softmax_inplace(&mut s);
+        o.fill(0.0);
+        for (t, &pt) in s.iter().enumerate() {
+            axpy(pt, &cache[t * kvd..t * kvd + kvl], o);
+        }
+    });
+    // o^h = W_UV^h ctx^h
+    let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
+    let mut oh = vec![0f32; m * vdim]; // [m, v]
+    for h in 0..nh {
+        for i in 0..m {
+            ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+        }
+        matmul(&a.w_uv[h], &ch, m, &mut oh);
+        for i in 0..m {
+            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim].copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Feed-forward blocks: the dense SwiGLU MLP and the mixture of experts with shared experts.
+//!
+//! Router (per token, f32): scores = softmax or sigmoid(x W_g^T); selection on scores + bias
+//! (noaux_tc) with group limiting (noaux_tc: group score = sum of the top-2; group_limited_greedy:
+//! max), top-k with ties to the lower expert id; weights = unbiased scores of the chosen experts,
+//! normalised / scaled as the reference does (V3: normalise if norm_topk_prob, then
+//! x routed_scaling_factor; V2: normalise if norm_topk_prob and k > 1, else x routed_scaling_factor).
+//! y = shared(x) + sum over the chosen experts in ascending expert id of w_e expert_e(x).
+//! Per token, every sum has a fixed order, so the result does not depend on which other tokens
+//! were routed to the same experts.
+
+use rayon::prelude::*;
+
+use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
+use crate::kernels::{matmul, matmul_f32, silu_mul};
+
+use super::weights::{Expert, Moe};
+
+/// down(silu(gate(x)) * up(x)). x: [n, hidden] -> [n, hidden].
+pub(super) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
+    let inter = e.gate.rows;
+    let mut g = vec![0f32; n * inter]; // [n, inter]
+    let mut u = vec![0f32; n * inter]; // [n, inter]
+    matmul(&e.gate, x, n, &mut g);
+    matmul(&e.up, x, n, &mut u);
+    let mut act = vec![0f32; n * inter]; // [n, inter]
+    silu_mul(&g, &u, &mut act);
+    let mut y = vec![0f32; n * e.down.rows]; // [n, hidden]
+    matmul(&e.down, &act, n, &mut y);
+    y
+}
+
+/// Expert choice of one token: (expert ids ascending, weights).
+pub(super) fn route(cfg: &MoeConfig, model_type: ModelType, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+    let ne = logits.len();
+    let scores: Vec<f32> = match cfg.scoring_func {
+        ScoringFunc::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
+        ScoringFunc::Softmax => {
+            let mx = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = logits.iter().map(|&l| (l - mx).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.iter().map(|v| v / s).collect()
+        }
+    };
+    let mut choice: Vec<f32> = match (cfg.topk_method, bias) {
+        (TopkMethod::NoauxTc, Some(b)) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+        _ => scores.clone(),
+    };
+    let ng = cfg.n_group.max(1);
+    if !matches!(cfg.topk_method, TopkMethod::Greedy) && ng > 1 {
+        let per = ne / ng;
+        let gscore: Vec<f32> = (0..ng)
+            .map(|g| {
+                let grp = &choice[g * per..(g + 1) * per];
+                match cfg.topk_method {
+                    TopkMethod::NoauxTc => {
+                        let top = top_k_desc(grp, 2.min(per));
+                        top.iter().map(|&i| grp[i]).sum()
+                    }
+                    _ => grp.iter().cloned().fold(f32::NEG_INFINITY, f32::max),
+                }
+            })
+            .collect();
+        let keep = top_k_desc(&gscore, cfg.topk_group.min(ng));
+        for g in 0..ng {
+            if !keep.contains(&g) {
+                choice[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
+            }
+        }
+    }
+    let mut idx = top_k_desc(&choice, cfg.num_experts_per_tok);
+    idx.sort_unstable();
+    let mut w: Vec<f32> = idx.iter().map(|&i| scores[i]).collect();
+    let k = idx.len();
+    let normalise = match model_type {
+        ModelType::DeepseekV3 => cfg.norm_topk_prob,
+        ModelType::DeepseekV2 => cfg.norm_topk_prob && k > 1,
+    };
+    if normalise {
+        let den: f32 = w.iter().sum::<f32>() + 1e-20;
+        w.iter_mut().for_each(|x| *x /= den);
+    }
+    if model_type == ModelType::DeepseekV3 || !normalise {
+        w.iter_mut().for_each(|x| *x *= cfg.routed_scaling_factor);
+    }
+    idx.into_iter().zip(w).collect()
+}
+
+/// Indices of the k largest values, largest first, ties to the lower index.
+fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx
+}
+
+/// MoE block. x: [n, hidden] -> [n, hidden].
+pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n: usize) -> Vec<f32> {
+    let ne = m.experts.len();
+    let h = x.len() / n.max(1);
+    let mut logits = vec![0f32; n * ne]; // [n, n_routed]
+    matmul_f32(&m.gate, ne, h, x, n, &mut logits);
+    let routes: Vec<Vec<(usize, f32)>> = (0..n)
+        .map(|t| route(cfg, model_type, &logits[t * ne..(t + 1) * ne], m.bias.as_deref()))
+        .collect();
+    // tokens per expert: (token, slot)
+    let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ne];
+    for (t, r) in routes.iter().enumerate() {
+        for (s, &(e, _)) in r.iter().enumerate() {
+            per_expert[e].push((t, s));
+        }
+    }
+    let k = cfg.num_experts_per_tok;
+    let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
+    let outs: Vec<Vec<f32>> = active
+        .par_iter()
+        .map(|&e| {
+            let toks = &per_expert[e];
+            let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
+            for (i, &(t, _)) in toks.iter().enumerate() {
+                xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            mlp(&m.experts[e], &xe, toks.len())
+        })
+        .collect();
+    let mut slots = vec![0f32; n * k * h]; // [n, k, hidden]
+    for (ai, &e) in active.iter().enumerate() {
+        for (i, &(t, s)) in per_expert[e].iter().enumerate() {
+            slots[(t * k + s) * h..(t * k + s + 1) * h].copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
+        }
+    }
+    let mut y = match &m.shared {
+        Some(sh) => mlp(sh, x, n),
+        None => vec![0f32; n * h],
+    };
+    // Reference order: routed sum first, then + shared.
+    let mut routed = vec![0f32; h]; // [hidden]
+    for t in 0..n {
+        routed.fill(0.0);
+        for (s, &(_, w)) in routes[t].iter().enumerate() {
+            let o = &slots[(t * k + s) * h..(t * k + s + 1) * h];
+            for (r, v) in routed.iter_mut().zip(o) {
+                *r += w * v;
+            }
+        }
+        for (yv, r) in y[t * h..(t + 1) * h].iter_mut().zip(&routed) {
+            *yv = r + *yv;
+        }
+    }
+    y
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(method: TopkMethod, scoring: ScoringFunc, ng: usize, tg: usize, k: usize, norm: bool) -> MoeConfig {
+        MoeConfig {
+            n_routed_experts: 8,
+            n_shared_experts: 1,
+            num_experts_per_tok: k,
+            n_group: ng,
+            topk_group: tg,
+            topk_method: method,
+            scoring_func: scoring,
+            norm_topk_prob: norm,
+            routed_scaling_factor: 2.5,
+            moe_intermediate_size: 4,
+            first_k_dense_replace: 0,
+            moe_layer_freq: 1,
+        }
+    }
+
+    #[test]
+    fn noaux_tc_bias_changes_selection_but_not_weights() {
+        let c = cfg(TopkMethod::NoauxTc, ScoringFunc::Sigmoid, 1, 1, 2, true);
+        let logits = [3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -4.0];
+        let r = route(&c, ModelType::DeepseekV3, &logits, None);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
+        let mut bias = [0f32; 8];
+        bias[7] = 10.0;
+        let r = route(&c, ModelType::DeepseekV3, &logits, Some(&bias));
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 7]);
+        // weights from unbiased sigmoid, normalised, times 2.5
+        let s0 = 1.0 / (1.0 + (-3.0f32).exp());
+        let s7 = 1.0 / (1.0 + 4.0f32.exp());
+        assert!((r[0].1 - 2.5 * s0 / (s0 + s7)).abs() < 1e-6);
+        assert!((r[0].1 + r[1].1 - 2.5).abs() < 1e-5);
+    }
+
+    #[test]
+    fn group_limits_exclude_groups() {
+        // 4 groups of 2; group 0 has the single best expert but group 1 has the best pair.
+        let c = cfg(TopkMethod::NoauxTc, ScoringFunc::Sigmoid, 4, 1, 2, false);
+        let logits = [5.0, -5.0, 4.0, 4.0, 0.0, 0.0, -1.0, -1.0];
+        let r = route(&c, ModelType::DeepseekV3, &logits, None);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 3]);
+        // group_limited_greedy uses the max per group: group 0 wins
+        let c = cfg(TopkMethod::GroupLimitedGreedy, ScoringFunc::Softmax, 4, 1, 2, false);
+        let r = route(&c, ModelType::DeepseekV2, &logits, None);
+        assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
+    }
+
+    #[test]
+    fn v2_greedy_scales_without_normalising() {
+        let c = cfg(TopkMethod::Greedy, ScoringFunc::Softmax, 1, 1, 2, false);
+        let logits = [1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        let r = route(&c, ModelType::DeepseekV2, &logits, None);
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        assert_eq!(r[0].0, 0);
+        assert!((r[0].1 - 2.5 * 1f32.exp() / z).abs() < 1e-6);
+        assert!((r[1].1 - 2.5 * 2f32.exp() / z).abs() < 1e-6);
+    }
+}

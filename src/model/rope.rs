@@ -1,0 +1,78 @@
+//! Rotary position embedding with YaRN scaling, in the INTERLEAVED pair convention of the DeepSeek
+//! checkpoints: pairs (x[2i], x[2i+1]) are rotated by angle pos * inv_freq[i]. (transformers
+//! de-interleaves q_pe/k_pe and uses rotate_half; the scores are the same.) The cache stores k_pe
+//! in this interleaved, already-rotated form.
+//!
+//! Frequencies follow transformers' `_compute_yarn_parameters` (base inv_i = theta^(-2i/d),
+//! correction range from beta_fast/beta_slow against original_max_position_embeddings, linear ramp
+//! blend of inv/factor and inv) and cos/sin are multiplied by the attention factor
+//! m(factor, mscale) / m(factor, mscale_all_dim).
+
+use crate::config::ModelConfig;
+
+/// Precomputed per-pair inverse frequencies and the cos/sin multiplier.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    /// [rope_dim / 2]
+    inv_freq: Vec<f64>,
+    attention_factor: f64,
+}
+
+fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
+    }
+}
+
+impl Rope {
+    pub fn new(cfg: &ModelConfig) -> Self {
+        let dim = cfg.qk_rope_head_dim;
+        let base = cfg.rope_theta;
+        let half = dim / 2;
+        let pos_freqs: Vec<f64> =
+            (0..half).map(|i| base.powf((2 * i) as f64 / dim as f64)).collect();
+        let Some(y) = &cfg.rope_scaling else {
+            return Rope { inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(), attention_factor: 1.0 };
+        };
+        let factor = y.factor;
+        let attention_factor = if y.mscale != 0.0 && y.mscale_all_dim != 0.0 {
+            yarn_get_mscale(factor, y.mscale) / yarn_get_mscale(factor, y.mscale_all_dim)
+        } else {
+            yarn_get_mscale(factor, 1.0)
+        };
+        let orig = y.original_max_position_embeddings as f64;
+        let corr_dim = |rot: f64| {
+            (dim as f64 * (orig / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+        };
+        let low = corr_dim(y.beta_fast).floor().max(0.0);
+        let mut high = corr_dim(y.beta_slow).ceil().min(dim as f64 - 1.0);
+        if low == high {
+            high += 0.001;
+        }
+        let inv_freq = (0..half)
+            .map(|i| {
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation_factor = 1.0 - ramp;
+                let inv_extra = 1.0 / pos_freqs[i];
+                let inv_inter = 1.0 / (factor * pos_freqs[i]);
+                inv_inter * (1.0 - extrapolation_factor) + inv_extra * extrapolation_factor
+            })
+            .collect();
+        Rope { inv_freq, attention_factor }
+    }
+
+    /// Rotate one interleaved rope vector in place at absolute position `pos`. // x: [rope_dim]
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            // transformers computes freqs = pos * inv_freq in f32, then cos/sin in f32.
+            let angle = (pos as f32) * (f as f32);
+            let (s, c) = angle.sin_cos();
+            let (c, s) = ((c as f64 * self.attention_factor) as f32, (s as f64 * self.attention_factor) as f32);
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * c - b * s;
+            x[2 * i + 1] = b * c + a * s;
+        }
+    }
+}

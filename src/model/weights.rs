@@ -1,0 +1,146 @@
+//! Model weight structs. They hold weights and config only: no KV, positions or request state
+//! (those live in `kv` and the engine and are passed into `forward`).
+
+use crate::config::ModelConfig;
+use crate::kernels::Matrix;
+
+use super::rope::Rope;
+
+/// Multi-head latent attention weights of one layer.
+pub struct Attention {
+    /// q_lora_rank set: (q_a_proj [q_lora, hidden], q_a_layernorm [q_lora], q_b_proj [H*(nope+rope), q_lora]).
+    pub q_lora: Option<(Matrix, Vec<f32>, Matrix)>,
+    /// q_lora_rank null: q_proj [H*(nope+rope), hidden].
+    pub q_proj: Option<Matrix>,
+    /// kv_a_proj_with_mqa [kv_lora + rope, hidden]; output order [c_kv | k_pe].
+    pub kv_a_proj: Matrix,
+    /// kv_a_layernorm [kv_lora].
+    pub kv_a_norm: Vec<f32>,
+    /// kv_b_proj [H*(nope+v), kv_lora]; per head: nope rows then v rows (decompressed MHA path).
+    pub kv_b_proj: Matrix,
+    /// Absorbed W_UK^T per head: H matrices [kv_lora, nope] (q_lat^h = W_UK^h^T q_nope^h).
+    pub w_uk_t: Vec<Matrix>,
+    /// Absorbed W_UV per head: H matrices [v, kv_lora] (o^h = W_UV^h ctx^h).
+    pub w_uv: Vec<Matrix>,
+    /// o_proj [hidden, H*v].
+    pub o_proj: Matrix,
+}
+
+/// One SwiGLU expert / dense MLP: down(silu(gate(x)) * up(x)).
+pub struct Expert {
+    /// [inter, hidden]
+    pub gate: Matrix,
+    /// [inter, hidden]
+    pub up: Matrix,
+    /// [hidden, inter]
+    pub down: Matrix,
+}
+
+/// Mixture-of-experts block.
+pub struct Moe {
+    /// Router weight [n_routed, hidden], f32.
+    pub gate: Vec<f32>,
+    /// e_score_correction_bias [n_routed] (noaux_tc only; used for selection only).
+    pub bias: Option<Vec<f32>>,
+    pub experts: Vec<Expert>,
+    /// n_shared_experts fused into one MLP of width moe_intermediate * n_shared.
+    pub shared: Option<Expert>,
+}
+
+/// Feed-forward of a layer.
+pub enum Ffn {
+    Dense(Expert),
+    Moe(Moe),
+}
+
+/// One decoder layer.
+pub struct DecoderLayer {
+    /// input_layernorm [hidden]
+    pub input_norm: Vec<f32>,
+    pub attn: Attention,
+    /// post_attention_layernorm [hidden]
+    pub post_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// A loaded DeepSeek V2/V3 model.
+pub struct Model {
+    pub config: ModelConfig,
+    /// embed_tokens [vocab, hidden]
+    pub embed: Matrix,
+    pub layers: Vec<DecoderLayer>,
+    /// model.norm [hidden]
+    pub norm: Vec<f32>,
+    /// lm_head [vocab, hidden]; None when tied to `embed`.
+    pub lm_head: Option<Matrix>,
+    /// Precomputed YaRN frequencies (derived from config; no sequence state).
+    pub rope: Rope,
+    /// Names of MTP tensors found in the checkpoint and left for an MTP drafter.
+    pub mtp_tensors: Vec<String>,
+}
+
+impl Model {
+    /// The lm_head matrix (embed when tied).
+    pub fn lm_head(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Total parameters (as stored in the checkpoint, absorbed copies not counted).
+    pub fn num_params(&self) -> usize {
+        let mut n = self.embed.numel() + self.norm.len() + self.lm_head.as_ref().map_or(0, |m| m.numel());
+        for l in &self.layers {
+            n += l.input_norm.len() + l.post_norm.len();
+            let a = &l.attn;
+            if let Some((qa, qn, qb)) = &a.q_lora {
+                n += qa.numel() + qn.len() + qb.numel();
+            }
+            n += a.q_proj.as_ref().map_or(0, |m| m.numel());
+            n += a.kv_a_proj.numel() + a.kv_a_norm.len() + a.kv_b_proj.numel() + a.o_proj.numel();
+            n += match &l.ffn {
+                Ffn::Dense(e) => expert_params(e),
+                Ffn::Moe(m) => {
+                    m.gate.len()
+                        + m.bias.as_ref().map_or(0, |b| b.len())
+                        + m.experts.iter().map(expert_params).sum::<usize>()
+                        + m.shared.as_ref().map_or(0, expert_params)
+                }
+            };
+        }
+        n
+    }
+
+    /// Weight bytes read by a batch-1 decode step: everything except non-selected experts
+    /// (top-k routed experts counted) and the embedding table (one row).
+    pub fn decode_bytes_per_token(&self) -> usize {
+        let mut n = self.lm_head().nbytes() + self.norm.len() * 4;
+        for l in &self.layers {
+            let a = &l.attn;
+            if let Some((qa, _, qb)) = &a.q_lora {
+                n += qa.nbytes() + qb.nbytes();
+            }
+            n += a.q_proj.as_ref().map_or(0, |m| m.nbytes());
+            n += a.kv_a_proj.nbytes()
+                + a.w_uk_t.iter().map(Matrix::nbytes).sum::<usize>()
+                + a.w_uv.iter().map(Matrix::nbytes).sum::<usize>()
+                + a.o_proj.nbytes();
+            n += match &l.ffn {
+                Ffn::Dense(e) => expert_bytes(e),
+                Ffn::Moe(m) => {
+                    let k = self.config.moe.as_ref().map_or(0, |c| c.num_experts_per_tok);
+                    m.gate.len() * 4
+                        + m.experts.first().map_or(0, expert_bytes) * k
+                        + m.shared.as_ref().map_or(0, expert_bytes)
+                }
+            };
+        }
+        n
+    }
+}
+
+fn expert_params(e: &Expert) -> usize {
+    e.gate.numel() + e.up.numel() + e.down.numel()
+}
+
+fn expert_bytes(e: &Expert) -> usize {
+    e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()
+}

@@ -1,0 +1,112 @@
+//! How many tokens to draft (k) per request per step.
+//!
+//! Fixed mode: k = k_max. Adaptive mode: maximise expected committed tokens per second,
+//! E(k) / cost(k), with E(k) = (1 - a^(k+1)) / (1 - a) for the request's running acceptance
+//! estimate a, and cost(k) = its share of the step's fixed costs plus its marginal costs,
+//! from a linear cost model of the target step (t = base + per_token x tokens) and of one draft
+//! forward (same form), both fitted online from measured step times. k = 0 when speculation
+//! does not pay (large batches, where the fixed costs are shared, or low acceptance).
+
+/// Online linear model t = base + per_token * n fitted with exponential forgetting.
+#[derive(Clone, Debug)]
+pub struct LinearCost {
+    n: f64,
+    sx: f64,
+    sy: f64,
+    sxx: f64,
+    sxy: f64,
+}
+
+impl Default for LinearCost {
+    fn default() -> Self {
+        LinearCost { n: 0.0, sx: 0.0, sy: 0.0, sxx: 0.0, sxy: 0.0 }
+    }
+}
+
+impl LinearCost {
+    const DECAY: f64 = 0.98;
+    pub fn observe(&mut self, tokens: usize, seconds: f64) {
+        let x = tokens as f64;
+        self.n = self.n * Self::DECAY + 1.0;
+        self.sx = self.sx * Self::DECAY + x;
+        self.sy = self.sy * Self::DECAY + seconds;
+        self.sxx = self.sxx * Self::DECAY + x * x;
+        self.sxy = self.sxy * Self::DECAY + x * seconds;
+    }
+    /// (base, per_token), or None before any observation.
+    pub fn fit(&self) -> Option<(f64, f64)> {
+        if self.n < 1.0 {
+            return None;
+        }
+        let mx = self.sx / self.n;
+        let my = self.sy / self.n;
+        let var = self.sxx / self.n - mx * mx;
+        if var <= 1e-9 {
+            // one x value seen: attribute the time to the fixed part
+            return Some((my.max(0.0), 0.0));
+        }
+        let slope = ((self.sxy / self.n - mx * my) / var).max(0.0);
+        Some(((my - slope * mx).max(0.0), slope))
+    }
+    pub fn predict(&self, tokens: usize) -> Option<f64> {
+        self.fit().map(|(b, s)| b + s * tokens as f64)
+    }
+}
+
+/// Expected committed tokens for k drafts at per-token acceptance a.
+pub fn expected_tokens(a: f64, k: usize) -> f64 {
+    let a = a.clamp(0.0, 0.999_999);
+    (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
+}
+
+/// Choose k in 0..=k_max for one request. `batch`: requests in the step; `target`/`draft`: fitted costs.
+pub fn choose_k(a: f64, k_max: usize, batch: usize, target: &LinearCost, draft: &LinearCost) -> usize {
+    let (Some((tb, tt)), Some((db, dt))) = (target.fit(), draft.fit()) else {
+        return k_max; // no measurements yet: explore
+    };
+    let b = batch.max(1) as f64;
+    let mut best = (0usize, 0.0f64);
+    for k in 0..=k_max {
+        let cost = tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
+        let rate = expected_tokens(a, k) / cost.max(1e-12);
+        if rate > best.1 * (1.0 + 1e-9) {
+            best = (k, rate);
+        }
+    }
+    best.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(base: f64, per: f64) -> LinearCost {
+        let mut c = LinearCost::default();
+        for n in [1, 2, 4, 8, 16, 32] {
+            c.observe(n, base + per * n as f64);
+        }
+        c
+    }
+
+    #[test]
+    fn fit_recovers_a_line() {
+        let (b, s) = model(0.01, 0.001).fit().unwrap();
+        assert!((b - 0.01).abs() < 1e-9 && (s - 0.001).abs() < 1e-9);
+    }
+
+    #[test]
+    fn speculates_when_it_pays_and_not_otherwise() {
+        let target = model(0.010, 0.0002); // memory-bound: big fixed cost
+        let cheap_draft = model(0.001, 0.0001);
+        assert!(choose_k(0.9, 8, 1, &target, &cheap_draft) >= 3);
+        assert_eq!(choose_k(0.0, 8, 1, &target, &cheap_draft), 0, "zero acceptance never pays");
+        let compute_bound = model(0.0001, 0.001);
+        assert_eq!(choose_k(0.6, 8, 64, &compute_bound, &cheap_draft), 0, "large batch, compute bound");
+    }
+
+    #[test]
+    fn expected_tokens_formula() {
+        assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
+        assert!((expected_tokens(0.0, 5) - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,81 @@
+//! The proposer trait: anything that suggests draft tokens for the target to verify.
+//! Implementations: `DraftModelProposer` (a smaller DeepSeek model with its own latent KV cache,
+//! returns q distributions) and `NgramProposer` (prompt lookup, no weights, q = one-hot).
+
+use crate::error::Result;
+use crate::kv::KvStats;
+use crate::sampling::SamplingParams;
+
+use super::ngram::ngram_propose;
+
+/// One request's ask.
+pub struct ProposeRequest<'a> {
+    pub id: u64,
+    /// All committed tokens (prompt + output).
+    pub context: &'a [u32],
+    /// Original prompt length (decides the draft's attention path per position).
+    pub prompt_len: usize,
+    /// Number of tokens to propose.
+    pub k: usize,
+    pub params: &'a SamplingParams,
+}
+
+/// Draft tokens and, for model drafters, their distributions q (processed with the request's params).
+#[derive(Clone, Debug, Default)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// [tokens.len()][vocab] when the drafter has distributions.
+    pub q: Option<Vec<Vec<f32>>>,
+}
+
+/// A source of draft tokens.
+pub trait Proposer: Send {
+    /// Propose for every request (one entry per request, same order). A proposer may return fewer
+    /// tokens than asked (e.g. its cache is full); never more.
+    fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>>;
+    /// The request's committed context after verification; the proposer drops whatever it cached
+    /// beyond the longest prefix it still shares with `context`.
+    fn on_commit(&mut self, id: u64, context: &[u32]);
+    /// Forget a request (finished, cancelled or preempted).
+    fn release(&mut self, id: u64);
+    /// Short name for logs and stats.
+    fn name(&self) -> String;
+    /// KV statistics of the proposer's own cache, if it has one.
+    fn kv_stats(&self) -> Option<KvStats> {
+        None
+    }
+    /// Draft KV bytes per token (all layers), 0 without a cache.
+    fn kv_bytes_per_token(&self) -> usize {
+        0
+    }
+    /// Whether drafting costs a model forward (decides whether timing is attributed to the draft).
+    fn has_model(&self) -> bool {
+        false
+    }
+}
+
+/// Prompt-lookup proposer.
+pub struct NgramProposer {
+    pub min_n: usize,
+    pub max_n: usize,
+}
+
+impl Default for NgramProposer {
+    fn default() -> Self {
+        NgramProposer { min_n: 1, max_n: 4 }
+    }
+}
+
+impl Proposer for NgramProposer {
+    fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
+        Ok(reqs
+            .iter()
+            .map(|r| Proposal { tokens: ngram_propose(r.context, r.k, self.min_n, self.max_n), q: None })
+            .collect())
+    }
+    fn on_commit(&mut self, _id: u64, _context: &[u32]) {}
+    fn release(&mut self, _id: u64) {}
+    fn name(&self) -> String {
+        format!("ngram({}..{})", self.min_n, self.max_n)
+    }
+}
