@@ -1,1 +1,133 @@
-fn main() {}
+//! Kernel roofline benchmark: `cargo bench --bench kernels`.
+//!
+//! Prints the machine's streaming-read bandwidth and peak FMA rate (1 and 2 threads), then each
+//! kernel's rate as a fraction of the matching roof: bf16 / fp8 GEMV (n = 1, memory-bound) against
+//! read bandwidth, GEMM (n = 16, 64, 512) against peak FLOP/s. Weights are larger than the L3
+//! cache so GEMV numbers are DRAM numbers.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use specmla::kernels::{matmul, measure_peak_flops, measure_read_bandwidth, Matrix};
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool")
+}
+
+/// Deterministic pseudo-random bits.
+fn bits(seed: u64, n: usize) -> impl Iterator<Item = u64> {
+    let mut s = seed | 1;
+    (0..n).map(move |_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    })
+}
+
+fn bf16_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
+    // Values in about [-1, 1): sign + exponent 0x3f0..0x3f7 + random mantissa.
+    let d = bits(seed, rows * cols).map(|b| ((b & 0x807f) as u16) | 0x3f00).collect();
+    Matrix::from_bf16(rows, cols, d)
+}
+
+fn fp8_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
+    let d = bits(seed, rows * cols).map(|b| (b as u8) & 0xbf).collect(); // no NaN encodings
+    let ns = rows.div_ceil(128) * cols.div_ceil(128);
+    Matrix::from_fp8(rows, cols, d, vec![0.01; ns], 128, 128)
+}
+
+/// Best wall time of `reps` runs of `f`, in seconds.
+fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let p1 = pool(1);
+    let p2 = pool(2);
+    let bw1 = p1.install(|| measure_read_bandwidth(256 << 20, 5));
+    let bw2 = p2.install(|| measure_read_bandwidth(256 << 20, 5));
+    let fl1 = p1.install(|| measure_peak_flops(5));
+    let fl2 = p2.install(|| measure_peak_flops(5));
+    println!("read bandwidth   1 thread {:7.2} GB/s   2 threads {:7.2} GB/s", bw1 / 1e9, bw2 / 1e9);
+    println!("peak f32 FMA     1 thread {:7.1} GFLOP/s 2 threads {:7.1} GFLOP/s", fl1 / 1e9, fl2 / 1e9);
+
+    // bf16 GEMV on large matrices (2 threads).
+    for (rows, cols) in [(2048, 8192), (4096, 7168)] {
+        let w = bf16_matrix(1, rows, cols);
+        let x = vec![0.5f32; cols]; // [1, cols]
+        let mut y = vec![0.0f32; rows]; // [1, rows]
+        let t = p2.install(|| best_of(10, || matmul(&w, black_box(&x), 1, &mut y)));
+        let gbs = w.nbytes() as f64 / t;
+        println!(
+            "bf16 GEMV {rows}x{cols} ({} MiB): {:7.2} GB/s = {:5.1}% of 2-thread bandwidth ({:.0} us)",
+            w.nbytes() >> 20,
+            gbs / 1e9,
+            100.0 * gbs / bw2,
+            t * 1e6
+        );
+    }
+
+    // Expert walk: many 2048x1408 bf16 matrices, one GEMV each, in sequence (2 threads).
+    let experts: Vec<Matrix> = (0..48).map(|e| bf16_matrix(100 + e, 2048, 1408)).collect();
+    let bytes: usize = experts.iter().map(Matrix::nbytes).sum();
+    let x = vec![0.5f32; 1408]; // [1, 1408]
+    let mut y = vec![0.0f32; 2048]; // [1, 2048]
+    let t = p2.install(|| {
+        best_of(5, || {
+            for w in &experts {
+                matmul(w, black_box(&x), 1, &mut y);
+            }
+        })
+    });
+    let gbs = bytes as f64 / t;
+    println!(
+        "bf16 expert walk 48 x 2048x1408 ({} MiB): {:7.2} GB/s = {:5.1}% of bandwidth ({:.0} us/expert)",
+        bytes >> 20,
+        gbs / 1e9,
+        100.0 * gbs / bw2,
+        t * 1e6 / 48.0
+    );
+    drop(experts);
+
+    // fp8 GEMV (block 128x128).
+    let w = fp8_matrix(3, 8192, 7168);
+    let x = vec![0.5f32; 7168]; // [1, cols]
+    let mut y = vec![0.0f32; 8192]; // [1, rows]
+    let t = p2.install(|| best_of(10, || matmul(&w, black_box(&x), 1, &mut y)));
+    let gbs = w.nbytes() as f64 / t;
+    println!(
+        "fp8 GEMV 8192x7168 ({} MiB): {:7.2} GB/s = {:5.1}% of bandwidth ({:.0} us)",
+        w.nbytes() >> 20,
+        gbs / 1e9,
+        100.0 * gbs / bw2,
+        t * 1e6
+    );
+    drop(w);
+
+    // GEMM: bf16 2048x7168 at several batch sizes, 1 and 2 threads.
+    let w = bf16_matrix(4, 2048, 7168);
+    for n in [2, 4, 16, 64, 512] {
+        let x: Vec<f32> = bits(5, n * 7168).map(|b| (b >> 40) as f32 / 2e7 - 0.4).collect(); // [n, cols]
+        let mut y = vec![0.0f32; n * 2048]; // [n, rows]
+        let flops = 2.0 * (2048 * 7168 * n) as f64;
+        let reps = if n >= 512 { 2 } else { 5 };
+        for (threads, p, peak) in [(1, &p1, fl1), (2, &p2, fl2)] {
+            let t = p.install(|| best_of(reps, || matmul(&w, black_box(&x), n, &mut y)));
+            println!(
+                "bf16 GEMM 2048x7168 n={n:3} {threads} thr: {:7.1} GFLOP/s = {:5.1}% of peak, weights {:6.2} GB/s ({:.2} ms)",
+                flops / t / 1e9,
+                100.0 * flops / t / peak,
+                w.nbytes() as f64 / t / 1e9,
+                t * 1e3
+            );
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Roofline probes: streaming-read bandwidth and peak FMA throughput of the current rayon pool.
+//! Benchmarks report kernel speed as fractions of these; the scheduler may use them to price a
+//! target step against a draft step. Results are measurements (noisy by nature), never inputs to
+//! any numerical result.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::Isa;
+
+/// f32s per rayon task of the read probe (256 KiB, like a 32-row block of a large bf16 GEMV).
+const READ_CHUNK: usize = 1 << 16;
+
+/// Memory-bandwidth probe: best-of-`reps` streaming read of a `bytes`-sized buffer (choose it
+/// well above the last-level cache) using the current rayon pool; returns bytes/second.
+pub fn measure_read_bandwidth(bytes: usize, reps: usize) -> f64 {
+    let isa = Isa::detect();
+    let n = (bytes / 4).max(READ_CHUNK); // [n] f32
+    let buf: Vec<f32> = (0..n).map(|i| (i & 1023) as f32).collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let s: f32 = buf.par_chunks(READ_CHUNK).map(|c| read_sum(isa, c)).sum();
+        black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (n * 4) as f64 / best
+}
+
+fn read_sum(isa: Isa, c: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.simd() {
+        // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected.
+        return unsafe { read_sum_simd(c) };
+    }
+    let _ = isa;
+    super::lanes::sum_lanes(c)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn read_sum_simd(c: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm256_setzero_ps(); 4];
+    let p = c.as_ptr();
+    let mut i = 0;
+    while i + 32 <= c.len() {
+        for (j, aj) in a.iter_mut().enumerate() {
+            *aj = _mm256_add_ps(*aj, _mm256_loadu_ps(p.add(i + j * 8)));
+        }
+        i += 32;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
+    super::simd::hsum8(s) + c[i..].iter().sum::<f32>()
+}
+
+/// Independent FMA chains per thread (enough to cover FMA latency on two pipes).
+const CHAINS: usize = 12;
+const FLOP_ITERS: usize = 1 << 22;
+
+/// Peak FMA throughput probe (f32 FLOP/s) with the current rayon pool: every pool thread runs
+/// `CHAINS` independent 8-lane FMA chains; best of `reps`.
+pub fn measure_peak_flops(reps: usize) -> f64 {
+    let isa = Isa::detect();
+    let mut best = f64::INFINITY;
+    let mut threads = 1;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let r = rayon::broadcast(|_| fma_chains(isa, FLOP_ITERS));
+        black_box(r);
+        best = best.min(t.elapsed().as_secs_f64());
+        threads = rayon::current_num_threads();
+    }
+    (threads * FLOP_ITERS * CHAINS * 8 * 2) as f64 / best
+}
+
+fn fma_chains(isa: Isa, iters: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.simd() {
+        // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected.
+        return unsafe { fma_chains_simd(iters) };
+    }
+    let _ = isa;
+    let mut a = [[1.0f32; 8]; CHAINS];
+    let (m, c) = (black_box(0.999_999f32), black_box(1e-7f32));
+    for _ in 0..iters {
+        for ai in a.iter_mut() {
+            for v in ai.iter_mut() {
+                *v = v.mul_add(m, c);
+            }
+        }
+    }
+    a.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma_chains_simd(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm256_set1_ps(1.0); CHAINS];
+    let m = _mm256_set1_ps(black_box(0.999_999));
+    let c = _mm256_set1_ps(black_box(1e-7));
+    for _ in 0..iters {
+        for ai in a.iter_mut() {
+            *ai = _mm256_fmadd_ps(*ai, m, c);
+        }
+    }
+    let mut s = _mm256_setzero_ps();
+    for ai in a {
+        s = _mm256_add_ps(s, ai);
+    }
+    super::simd::hsum8(s)
+}

@@ -1,0 +1,406 @@
+//! Batch-invariant matmul: y[n_tokens, rows] = x[n_tokens, cols] · Wᵀ for f32, bf16 and
+//! block-scaled fp8 weights. Every linear layer of the model (and the MLA absorption / router
+//! gate through [`matmul_f32`]) goes through here.
+//!
+//! Guarantee: each y[t][r] is computed by the fixed sequence of `lanes.rs`, whatever `n_tokens`,
+//! the position of t, the other tokens, the rayon pool, or the row split. Work is cut into fixed
+//! row blocks (rayon tasks when the product is large enough); inside a block:
+//! - n = 1: weights are decoded on the fly, 8 rows (4 for fp8) per register tile (GEMV);
+//! - n > 1: weights are decoded once per column block into an f32 panel, and register tiles of
+//!   `MR` rows x `NR` tokens sweep it; each element's 8-lane accumulator lives in a scratch buffer
+//!   between column blocks (a store/reload is exact, so the order is unchanged).
+
+use rayon::prelude::*;
+
+use super::lanes::{self, LANES};
+use super::{Isa, Matrix, MatrixData};
+
+/// Rows per rayon task (and per scratch block) for one token / several tokens.
+const ROW_BLOCK_GEMV: usize = 32;
+const ROW_BLOCK_GEMM: usize = 16;
+/// Below this many multiply-adds a call runs on the calling thread (no rayon dispatch).
+const PAR_MIN_MACS: usize = 1 << 18;
+/// 8-column chunks per column block of the GEMM panel (non-fp8 weights).
+const KC_CHUNKS: usize = 32;
+/// Register tile of the GEMM: rows x tokens.
+const MR: usize = 4;
+const NR: usize = 3;
+
+/// A borrowed weight matrix [rows, cols] in its storage precision.
+#[derive(Clone, Copy)]
+pub(crate) enum WRef<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+    Fp8 { data: &'a [u8], scale_inv: &'a [f32], block_rows: usize, block_cols: usize },
+}
+
+impl<'a> WRef<'a> {
+    pub(crate) fn of(w: &'a Matrix) -> Self {
+        match &w.data {
+            MatrixData::F32(v) => WRef::F32(v),
+            MatrixData::Bf16(v) => WRef::Bf16(v),
+            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => WRef::Fp8 {
+                data,
+                scale_inv,
+                block_rows: *block_rows,
+                block_cols: *block_cols,
+            },
+        }
+    }
+}
+
+/// y[n, w.rows] = x[n, w.cols] · wᵀ.  x: [n_tokens, cols] row-major; y: [n_tokens, rows].
+pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    matmul_with(Isa::detect(), WRef::of(w), w.rows, w.cols, x, n_tokens, y);
+}
+
+/// Same for a borrowed f32 matrix [rows, cols] (attention absorption, router gate).
+pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    assert_eq!(w.len(), rows * cols, "matmul_f32: w is not [rows, cols]");
+    matmul_with(Isa::detect(), WRef::F32(w), rows, cols, x, n_tokens, y);
+}
+
+/// [`matmul`] with an explicit instruction set (tests compare the SIMD and portable paths).
+pub(crate) fn matmul_with(
+    isa: Isa,
+    w: WRef<'_>,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(x.len(), n * cols, "matmul: x is not [n_tokens, cols]");
+    assert_eq!(y.len(), n * rows, "matmul: y is not [n_tokens, rows]");
+    if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = w {
+        assert!(block_rows > 0 && block_cols > 0, "matmul: fp8 block size 0");
+        assert_eq!(data.len(), rows * cols, "matmul: fp8 data is not [rows, cols]");
+        let want = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+        assert_eq!(scale_inv.len(), want, "matmul: fp8 scale_inv shape");
+    }
+    if n == 0 || rows == 0 {
+        return;
+    }
+    let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
+    let parallel = rows * cols * n >= PAR_MIN_MACS && rows > rb && rayon::current_num_threads() > 1;
+    let job = Job { isa, w, cols, x, n, rb };
+    if n == 1 {
+        job.run(y, parallel);
+    } else {
+        // The blocks write a transposed buffer, scattered into y afterwards.
+        let mut yt = vec![0.0f32; rows * n]; // [rows, n_tokens]
+        job.run(&mut yt, parallel);
+        for (r, yr) in yt.chunks_exact(n).enumerate() {
+            for (t, v) in yr.iter().enumerate() {
+                y[t * rows + r] = *v;
+            }
+        }
+    }
+}
+
+/// Per-task scratch buffers (reused across the blocks one rayon split processes).
+#[derive(Default)]
+struct Scratch {
+    panel: Vec<f32>, // [block rows, column-block width] decoded weights
+    acc: Vec<f32>,   // [block rows, n, 8] lane accumulators
+    row: Vec<f32>,   // [cols] one decoded row (portable path)
+    s256: Vec<f32>,  // [row blocks touched, col blocks] fp8 scales * 2^8
+    deq: Vec<f32>,   // [block rows, cols] dequantised fp8 (block_cols not a multiple of 8)
+}
+
+/// One matmul call, shared by all its row blocks.
+struct Job<'a> {
+    isa: Isa,
+    w: WRef<'a>,
+    cols: usize,
+    x: &'a [f32], // [n, cols]
+    n: usize,
+    rb: usize,
+}
+
+impl Job<'_> {
+    /// All row blocks of `out` ([rows, n]), on the current rayon pool or on this thread.
+    fn run(&self, out: &mut [f32], parallel: bool) {
+        let rb = self.rb;
+        if parallel {
+            out.par_chunks_mut(rb * self.n)
+                .enumerate()
+                .for_each_init(Scratch::default, |s, (bi, o)| self.row_block(bi * rb, o, s));
+        } else {
+            let mut s = Scratch::default();
+            for (bi, o) in out.chunks_mut(rb * self.n).enumerate() {
+                self.row_block(bi * rb, o, &mut s);
+            }
+        }
+    }
+
+    /// Rows [r0, r0 + out.len() / n) for all tokens into out: [block rows, n].
+    fn row_block(&self, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        let (n, cols) = (self.n, self.cols);
+        let nrows = out.len() / n;
+        if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = self.w {
+            let ncb = cols.div_ceil(block_cols);
+            if block_cols % LANES != 0 {
+                // Odd fp8 blocks: the fixed order is the f32 one over the dequantised row.
+                s.deq.resize(nrows * cols, 0.0);
+                for i in 0..nrows {
+                    let r = r0 + i;
+                    let srow = &scale_inv[r / block_rows * ncb..][..ncb];
+                    for (k, d) in s.deq[i * cols..(i + 1) * cols].iter_mut().enumerate() {
+                        let scale = srow[k / block_cols] * lanes::FP8_UNSCALE;
+                        *d = lanes::fp8_unscaled(data[r * cols + k]) * scale;
+                    }
+                }
+                let deq = std::mem::take(&mut s.deq);
+                let sub = Job { isa: self.isa, w: WRef::F32(&deq), cols, x: self.x, n, rb: self.rb };
+                sub.row_block_at(0, r0, out, s);
+                s.deq = deq;
+                return;
+            }
+            let rb0 = r0 / block_rows;
+            let rb1 = (r0 + nrows - 1) / block_rows;
+            s.s256.clear();
+            s.s256.extend(scale_inv[rb0 * ncb..(rb1 + 1) * ncb].iter().map(|v| v * lanes::FP8_UNSCALE));
+        }
+        self.row_block_at(r0, r0, out, s);
+    }
+
+    /// As `row_block`, reading weight rows from `wr0` on (differs from r0 only for `deq`).
+    fn row_block_at(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.simd() {
+            // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected.
+            unsafe { self.row_block_simd(wr0, r0, out, s) };
+            return;
+        }
+        self.row_block_portable(wr0, r0, out, s);
+    }
+
+    /// This row's fp8 scales (times 2^8), from the `s256` scratch filled for block starting r0.
+    fn fp8_scales<'s>(&self, s256: &'s [f32], r0: usize, r: usize) -> &'s [f32] {
+        match self.w {
+            WRef::Fp8 { block_rows, block_cols, .. } => {
+                let ncb = self.cols.div_ceil(block_cols);
+                &s256[(r / block_rows - r0 / block_rows) * ncb..][..ncb]
+            }
+            _ => &[],
+        }
+    }
+
+    /// Portable fallback: one element at a time through `lanes`.
+    fn row_block_portable(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        let (n, cols) = (self.n, self.cols);
+        s.row.resize(cols, 0.0);
+        for (i, orow) in out.chunks_exact_mut(n).enumerate() {
+            let wr = wr0 + i;
+            let row = &mut s.row;
+            match self.w {
+                WRef::F32(d) => row.copy_from_slice(&d[wr * cols..(wr + 1) * cols]),
+                WRef::Bf16(d) => {
+                    for (o, b) in row.iter_mut().zip(&d[wr * cols..(wr + 1) * cols]) {
+                        *o = lanes::bf16_to_f32(*b);
+                    }
+                }
+                WRef::Fp8 { data, .. } => {
+                    for (o, b) in row.iter_mut().zip(&data[wr * cols..(wr + 1) * cols]) {
+                        *o = lanes::fp8_unscaled(*b);
+                    }
+                }
+            }
+            for (t, o) in orow.iter_mut().enumerate() {
+                let xt = &self.x[t * cols..(t + 1) * cols];
+                *o = match self.w {
+                    WRef::Fp8 { block_cols, .. } => {
+                        let sc = self.fp8_scales(&s.s256, r0, r0 + i);
+                        lanes::fp8_row_dot(&s.row, sc, block_cols, xt)
+                    }
+                    _ => lanes::dot_lanes(&s.row, xt),
+                };
+            }
+        }
+    }
+
+    /// Finish one element from its lane-summed value: the scalar tail over cols % 8 columns.
+    fn tail(&self, wr: usize, sc256: &[f32], t: usize, mut acc: f32) -> f32 {
+        let cols = self.cols;
+        let full = cols / LANES * LANES;
+        let xt = &self.x[t * cols..(t + 1) * cols];
+        for k in full..cols {
+            let wv = match self.w {
+                WRef::F32(d) => d[wr * cols + k],
+                WRef::Bf16(d) => lanes::bf16_to_f32(d[wr * cols + k]),
+                WRef::Fp8 { data, block_cols, .. } => {
+                    lanes::fp8_unscaled(data[wr * cols + k]) * sc256[k / block_cols]
+                }
+            };
+            acc = wv.mul_add(xt[k], acc);
+        }
+        acc
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_block_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        if self.n == 1 {
+            self.gemv_simd(wr0, r0, out, s)
+        } else {
+            self.gemm_simd(wr0, r0, out, s)
+        }
+    }
+
+    /// n = 1: decode on the fly, 8 rows (fp8: 4) per tile, then the tails.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gemv_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        use super::simd::{gemv_rows, gemv_rows_fp8};
+        let cols = self.cols;
+        let nrows = out.len();
+        let nch = cols / LANES;
+        let x = self.x.as_ptr();
+        let mut i = 0;
+        match self.w {
+            WRef::F32(d) => {
+                let p = d.as_ptr().add(wr0 * cols);
+                while i + 8 <= nrows {
+                    let o: &mut [f32; 8] = (&mut out[i..i + 8]).try_into().expect("8 rows");
+                    gemv_rows::<f32, 8>(p.add(i * cols), cols, x, nch, o);
+                    i += 8;
+                }
+                for i in i..nrows {
+                    let mut o = [0.0f32; 1];
+                    gemv_rows::<f32, 1>(p.add(i * cols), cols, x, nch, &mut o);
+                    out[i] = o[0];
+                }
+            }
+            WRef::Bf16(d) => {
+                let p = d.as_ptr().add(wr0 * cols);
+                while i + 8 <= nrows {
+                    let o: &mut [f32; 8] = (&mut out[i..i + 8]).try_into().expect("8 rows");
+                    gemv_rows::<u16, 8>(p.add(i * cols), cols, x, nch, o);
+                    i += 8;
+                }
+                for i in i..nrows {
+                    let mut o = [0.0f32; 1];
+                    gemv_rows::<u16, 1>(p.add(i * cols), cols, x, nch, &mut o);
+                    out[i] = o[0];
+                }
+            }
+            WRef::Fp8 { data, block_cols, .. } => {
+                let p = data.as_ptr().add(wr0 * cols);
+                let bch = block_cols / LANES;
+                let sc = |r: usize| self.fp8_scales(&s.s256, r0, r);
+                while i + 4 <= nrows {
+                    let o: &mut [f32; 4] = (&mut out[i..i + 4]).try_into().expect("4 rows");
+                    let scales = [sc(r0 + i), sc(r0 + i + 1), sc(r0 + i + 2), sc(r0 + i + 3)];
+                    gemv_rows_fp8::<4>(p.add(i * cols), cols, x, nch, bch, scales, o);
+                    i += 4;
+                }
+                for i in i..nrows {
+                    let mut o = [0.0f32; 1];
+                    gemv_rows_fp8::<1>(p.add(i * cols), cols, x, nch, bch, [sc(r0 + i)], &mut o);
+                    out[i] = o[0];
+                }
+            }
+        }
+        if cols % LANES != 0 {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = self.tail(wr0 + i, self.fp8_scales(&s.s256, r0, r0 + i), 0, *o);
+            }
+        }
+    }
+
+    /// n > 1: per column block decode an f32 panel, sweep MR x NR register tiles over it with
+    /// accumulators in `s.acc`, then lane-sum and tail every element.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn gemm_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        use super::simd::to_panel;
+        let (n, cols) = (self.n, self.cols);
+        let nrows = out.len() / n;
+        let nch = cols / LANES;
+        let (kc, fp8) = match self.w {
+            WRef::Fp8 { block_cols, .. } => (block_cols / LANES, true),
+            _ => (KC_CHUNKS, false),
+        };
+        s.acc.clear();
+        s.acc.resize(nrows * n * LANES, 0.0); // [nrows, n, 8]
+        s.panel.resize(nrows * kc * LANES, 0.0); // [nrows, kc * 8]
+        let x = self.x.as_ptr();
+        let acc = s.acc.as_mut_ptr();
+        let mut c0 = 0;
+        let mut b = 0;
+        while c0 < nch {
+            let nc = kc.min(nch - c0);
+            let (wp, ws) = match self.w {
+                WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
+                WRef::Bf16(d) => {
+                    to_panel::<u16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
+                    (s.panel.as_ptr(), nc * LANES)
+                }
+                WRef::Fp8 { data, .. } => {
+                    to_panel::<u8>(data.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
+                    (s.panel.as_ptr(), nc * LANES)
+                }
+            };
+            let mut t0 = 0;
+            while t0 < n {
+                let nr = NR.min(n - t0);
+                let xp = x.add(t0 * cols + c0 * LANES);
+                let mut i0 = 0;
+                while i0 < nrows {
+                    let mr = MR.min(nrows - i0);
+                    let mut sc = [0.0f32; MR];
+                    if fp8 {
+                        for (ii, v) in sc.iter_mut().enumerate().take(mr) {
+                            *v = self.fp8_scales(&s.s256, r0, r0 + i0 + ii)[b];
+                        }
+                    }
+                    let scales = if fp8 { Some(&sc[..]) } else { None };
+                    let wpi = wp.add(i0 * ws);
+                    let m = acc.add((i0 * n + t0) * LANES);
+                    tile_dyn(mr, nr, wpi, ws, xp, cols, nc, m, n, scales);
+                    i0 += mr;
+                }
+                t0 += nr;
+            }
+            c0 += nc;
+            b += 1;
+        }
+        for (i, orow) in out.chunks_exact_mut(n).enumerate() {
+            let sc = self.fp8_scales(&s.s256, r0, r0 + i);
+            for (t, o) in orow.iter_mut().enumerate() {
+                let a: &[f32; LANES] =
+                    s.acc[(i * n + t) * LANES..][..LANES].try_into().expect("8 lanes");
+                *o = self.tail(wr0 + i, sc, t, lanes::hsum8(a));
+            }
+        }
+    }
+}
+
+/// Runtime (rows, tokens) tile size to the monomorphised register tile.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_dyn(
+    mr: usize,
+    nr: usize,
+    w: *const f32,
+    ws: usize,
+    x: *const f32,
+    xs: usize,
+    nc: usize,
+    mem: *mut f32,
+    n: usize,
+    scales: Option<&[f32]>,
+) {
+    use super::simd::tile_mem;
+    macro_rules! go {
+        ($($m:literal, $t:literal);*) => {
+            match (mr, nr) {
+                $(($m, $t) => tile_mem::<$m, $t>(w, ws, x, xs, nc, mem, n, scales),)*
+                _ => unreachable!("tile size {mr}x{nr}"),
+            }
+        };
+    }
+    go!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1)
+}

@@ -1,0 +1,186 @@
+//! AVX2 + FMA + F16C register kernels: the inner loops of `gemm.rs`.
+//!
+//! Every function here performs exactly the operations that `lanes.rs` defines (one 8-lane
+//! accumulator per output element, FMA per 8-column chunk in increasing order); tiles only change
+//! *which* elements are computed together, never the per-element sequence. All functions are
+//! `unsafe` and must only run after [`super::Isa::detect`] found avx2, fma and f16c.
+
+use std::arch::x86_64::*;
+
+/// A weight element type the kernels can load 8 of as 8 f32 lanes.
+pub(crate) trait WLoad: Copy {
+    /// Load 8 consecutive weights at `p` (unaligned) as f32 lanes.
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl WLoad for f32 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+}
+
+impl WLoad for u16 {
+    /// bf16 -> f32: zero-extend to 32 bits and shift into the high half (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u16) -> __m256 {
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+impl WLoad for u8 {
+    /// e4m3 -> f32 times 2^-8 (see `lanes::fp8_unscaled`): byte into the high half of a u16,
+    /// arithmetic shift right by one, clear bit 14, convert as f16.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        let b = _mm_loadl_epi64(p as *const __m128i);
+        let hi = _mm_unpacklo_epi8(_mm_setzero_si128(), b);
+        let h = _mm_and_si128(_mm_srai_epi16::<1>(hi), _mm_set1_epi16(0xBFFFu16 as i16));
+        _mm256_cvtph_ps(h)
+    }
+}
+
+/// The fixed horizontal-sum tree of `lanes::hsum8`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn hsum8(a: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2)))
+}
+
+/// Register tile: MR weight rows x NR token rows, `nchunks` 8-column chunks, accumulating into
+/// `acc[i][j]` (row i, token j). Row i of the weights starts at `w + i * ws`, token j at
+/// `x + j * xs`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize>(
+    w: *const T,
+    ws: usize,
+    x: *const f32,
+    xs: usize,
+    nchunks: usize,
+    acc: &mut [[__m256; NR]; MR],
+) {
+    let mut a = *acc;
+    for c in 0..nchunks {
+        let off = c * 8;
+        let mut xv = [_mm256_setzero_ps(); NR];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm256_loadu_ps(x.add(j * xs + off));
+        }
+        for (i, ai) in a.iter_mut().enumerate() {
+            let wv = T::load8(w.add(i * ws + off));
+            for j in 0..NR {
+                ai[j] = _mm256_fmadd_ps(wv, xv[j], ai[j]);
+            }
+        }
+    }
+    *acc = a;
+}
+
+/// Memory-resident accumulator tile: load `acc[i][j]` from `mem + (i * n + j) * 8`, run [`tile`],
+/// store back. If `scales` is given (fp8), the tile instead starts from zero and the result is
+/// folded in as `mem = fma(scales[i], tile, mem)`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_mem<const MR: usize, const NR: usize>(
+    w: *const f32,
+    ws: usize,
+    x: *const f32,
+    xs: usize,
+    nchunks: usize,
+    mem: *mut f32,
+    n: usize,
+    scales: Option<&[f32]>,
+) {
+    let mut a = [[_mm256_setzero_ps(); NR]; MR];
+    if scales.is_none() {
+        for (i, ai) in a.iter_mut().enumerate() {
+            for (j, v) in ai.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(mem.add((i * n + j) * 8));
+            }
+        }
+    }
+    tile::<f32, MR, NR>(w, ws, x, xs, nchunks, &mut a);
+    for (i, ai) in a.iter().enumerate() {
+        for (j, v) in ai.iter().enumerate() {
+            let p = mem.add((i * n + j) * 8);
+            let out = match scales {
+                None => *v,
+                Some(s) => _mm256_fmadd_ps(_mm256_set1_ps(s[i]), *v, _mm256_loadu_ps(p)),
+            };
+            _mm256_storeu_ps(p, out);
+        }
+    }
+}
+
+/// n = 1 over a row slab of f32 or bf16 weights: MR rows at a time, full chunks only; writes the
+/// lane-summed (pre-tail) value of each row to `out[i]`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_rows<T: WLoad, const MR: usize>(
+    w: *const T,
+    ws: usize,
+    x: *const f32,
+    nchunks: usize,
+    out: &mut [f32; MR],
+) {
+    let mut a = [[_mm256_setzero_ps(); 1]; MR];
+    tile::<T, MR, 1>(w, ws, x, 0, nchunks, &mut a);
+    for i in 0..MR {
+        out[i] = hsum8(a[i][0]);
+    }
+}
+
+/// n = 1 over MR rows of fp8 weights with `block_chunks` chunks per column block:
+/// per block a fresh tile, folded in with that block's scale (already times 2^8) for each row.
+/// `scales[i]` is row i's list of block scales. Writes the lane-summed (pre-tail) values.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn gemv_rows_fp8<const MR: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const f32,
+    nchunks: usize,
+    block_chunks: usize,
+    scales: [&[f32]; MR],
+    out: &mut [f32; MR],
+) {
+    let mut total = [_mm256_setzero_ps(); MR];
+    let mut c0 = 0;
+    let mut b = 0;
+    while c0 < nchunks {
+        let c1 = (c0 + block_chunks).min(nchunks);
+        let mut blk = [[_mm256_setzero_ps(); 1]; MR];
+        tile::<u8, MR, 1>(w.add(c0 * 8), ws, x.add(c0 * 8), 0, c1 - c0, &mut blk);
+        for i in 0..MR {
+            total[i] = _mm256_fmadd_ps(_mm256_set1_ps(scales[i][b]), blk[i][0], total[i]);
+        }
+        c0 = c1;
+        b += 1;
+    }
+    for i in 0..MR {
+        out[i] = hsum8(total[i]);
+    }
+}
+
+/// Convert `rows` x `nchunks * 8` weights (row stride `ws`) into a dense f32 panel (row stride
+/// `nchunks * 8`), using the same per-type decode as the kernels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn to_panel<T: WLoad>(w: *const T, ws: usize, rows: usize, nchunks: usize, panel: &mut [f32]) {
+    let kc = nchunks * 8;
+    assert!(panel.len() >= rows * kc, "panel too small");
+    let p = panel.as_mut_ptr();
+    for r in 0..rows {
+        for c in 0..nchunks {
+            _mm256_storeu_ps(p.add(r * kc + c * 8), T::load8(w.add(r * ws + c * 8)));
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! Kernel tests: accuracy against f64 references, the fp8 / bf16 decodes against exact tables,
+//! bitwise batch invariance across batch sizes, positions, neighbours and pool sizes, and bitwise
+//! equality of the AVX2 and portable paths.
+
+use super::gemm::{matmul_with, WRef};
+use super::lanes;
+use super::vec_ops::dot_with;
+use super::*;
+
+/// xorshift64* — deterministic test data without extra crates.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+/// Exact e4m3fn value of a byte (None for NaN), computed from the format definition.
+fn e4m3_exact(b: u8) -> Option<f64> {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b >> 3) & 0xf) as i32;
+    let m = (b & 7) as f64;
+    if e == 15 && m == 7.0 {
+        return None;
+    }
+    let mag = if e == 0 { m / 8.0 * 2f64.powi(-6) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) };
+    Some(sign * mag)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    F32,
+    Bf16,
+    /// fp8 with (block_rows, block_cols)
+    Fp8(usize, usize),
+}
+
+fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix {
+    match kind {
+        Kind::F32 => Matrix::from_f32(rows, cols, rng.vec(rows * cols)),
+        Kind::Bf16 => {
+            let d = (0..rows * cols).map(|_| (rng.f32().to_bits() >> 16) as u16).collect();
+            Matrix::from_bf16(rows, cols, d)
+        }
+        Kind::Fp8(br, bc) => {
+            let d = (0..rows * cols)
+                .map(|_| loop {
+                    let b = rng.next() as u8;
+                    if b & 0x7f != 0x7f {
+                        break b;
+                    }
+                })
+                .collect();
+            let ns = rows.div_ceil(br) * cols.div_ceil(bc);
+            let s = (0..ns).map(|_| (rng.f32().abs() + 0.01) * 0.003).collect();
+            Matrix::from_fp8(rows, cols, d, s, br, bc)
+        }
+    }
+}
+
+/// W[r, k] as f64, from the format definitions (not from the kernels' decoders).
+fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
+    let i = r * w.cols + k;
+    match &w.data {
+        MatrixData::F32(d) => d[i] as f64,
+        MatrixData::Bf16(d) => f32::from_bits((d[i] as u32) << 16) as f64,
+        MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
+            let s = scale_inv[r / block_rows * w.cols.div_ceil(*block_cols) + k / block_cols];
+            e4m3_exact(data[i]).expect("finite") * s as f64
+        }
+    }
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
+}
+
+const KINDS: [Kind; 5] = [Kind::F32, Kind::Bf16, Kind::Fp8(128, 128), Kind::Fp8(3, 16), Kind::Fp8(5, 12)];
+
+#[test]
+fn fp8_decode_matches_exact_table() {
+    for b in 0..=255u8 {
+        if let Some(v) = e4m3_exact(b) {
+            assert_eq!((lanes::fp8_unscaled(b) * lanes::FP8_UNSCALE) as f64, v, "byte {b:#x}");
+        } else {
+            assert_eq!(lanes::fp8_unscaled(b).abs() * lanes::FP8_UNSCALE, 480.0, "NaN byte {b:#x}");
+        }
+    }
+    // Dequantised rows are the correctly rounded f32(fp8 * scale_inv).
+    let mut rng = Rng(7);
+    let w = random_matrix(&mut rng, Kind::Fp8(2, 16), 5, 40);
+    let mut row = vec![0.0f32; 40];
+    for r in 0..5 {
+        matrix_row_f32(&w, r, &mut row);
+        for (k, v) in row.iter().enumerate() {
+            assert_eq!(*v, w_exact(&w, r, k) as f32, "row {r} col {k}");
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn simd_decoders_match_portable() {
+    use super::simd::WLoad;
+    if !Isa::detect().simd() {
+        return;
+    }
+    let bytes: Vec<u8> = (0..=255u8).collect();
+    let halves: Vec<u16> = (0..256u32).map(|i| (i * 257) as u16).collect();
+    for c in 0..32 {
+        let mut out = [0.0f32; 8];
+        // SAFETY: avx2/fma/f16c detected above; 8 elements are in bounds.
+        unsafe {
+            let v = <u8 as WLoad>::load8(bytes.as_ptr().add(c * 8));
+            std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), v);
+        }
+        for l in 0..8 {
+            assert_eq!(out[l].to_bits(), lanes::fp8_unscaled(bytes[c * 8 + l]).to_bits());
+        }
+        unsafe {
+            let v = <u16 as WLoad>::load8(halves.as_ptr().add(c * 8));
+            std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), v);
+        }
+        for l in 0..8 {
+            assert_eq!(out[l].to_bits(), lanes::bf16_to_f32(halves[c * 8 + l]).to_bits());
+        }
+    }
+}
+
+#[test]
+fn matmul_matches_f64_reference() {
+    let mut rng = Rng(1);
+    for kind in KINDS {
+        for (rows, cols) in [(1, 1), (3, 7), (5, 8), (13, 37), (33, 130), (70, 300), (9, 1029)] {
+            let w = random_matrix(&mut rng, kind, rows, cols);
+            for n in [1, 2, 3, 5, 8] {
+                let x = rng.vec(n * cols); // [n, cols]
+                let mut y = vec![0.0f32; n * rows]; // [n, rows]
+                matmul(&w, &x, n, &mut y);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let (mut s, mut mag) = (0.0f64, 0.0f64);
+                        for k in 0..cols {
+                            let p = w_exact(&w, r, k) * x[t * cols + k] as f64;
+                            s += p;
+                            mag += p.abs();
+                        }
+                        let got = y[t * rows + r] as f64;
+                        assert!(
+                            (got - s).abs() <= 1e-5 * mag + 1e-30,
+                            "{kind:?} {rows}x{cols} n={n} t={t} r={r}: {got} vs {s}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// y[t] for a token placed at every position among random neighbours, for every n and pool
+/// size, must be bit-identical to the single-token result.
+fn check_batch_invariance(isa: Isa, kind: Kind, rows: usize, cols: usize, max_n: usize, pools: &[usize]) {
+    let mut rng = Rng(0x5eed ^ (rows * 1000 + cols) as u64);
+    let w = random_matrix(&mut rng, kind, rows, cols);
+    let wr = WRef::of(&w);
+    let token = rng.vec(cols); // [cols]
+    let mut y1 = vec![0.0f32; rows]; // [rows]
+    matmul_with(isa, wr, rows, cols, &token, 1, &mut y1);
+    for &threads in pools {
+        pool(threads).install(|| {
+            for n in 1..=max_n {
+                for p in 0..n {
+                    let mut x = rng.vec(n * cols); // [n, cols]
+                    x[p * cols..(p + 1) * cols].copy_from_slice(&token);
+                    let mut y = vec![0.0f32; n * rows]; // [n, rows]
+                    matmul_with(isa, wr, rows, cols, &x, n, &mut y);
+                    for r in 0..rows {
+                        assert_eq!(
+                            y[p * rows + r].to_bits(),
+                            y1[r].to_bits(),
+                            "{kind:?} {rows}x{cols} n={n} pos={p} threads={threads} row {r}"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[test]
+fn batch_invariance_bitwise_simd() {
+    let isa = Isa::detect();
+    for kind in KINDS {
+        check_batch_invariance(isa, kind, 37, 141, 13, &[1, 2, 3]);
+        // Large enough for the rayon-parallel path.
+        check_batch_invariance(isa, kind, 260, 267, 13, &[1, 2, 3]);
+    }
+}
+
+#[test]
+fn batch_invariance_bitwise_portable() {
+    for kind in KINDS {
+        check_batch_invariance(Isa::portable(), kind, 19, 45, 5, &[1, 3]);
+    }
+}
+
+#[test]
+fn simd_and_portable_bitwise_equal() {
+    let mut rng = Rng(3);
+    for kind in KINDS {
+        for (rows, cols) in [(1, 3), (11, 16), (37, 141), (300, 291)] {
+            let w = random_matrix(&mut rng, kind, rows, cols);
+            for n in [1, 2, 4, 7] {
+                let x = rng.vec(n * cols); // [n, cols]
+                let mut ys = vec![0.0f32; n * rows]; // [n, rows]
+                let mut yp = vec![0.0f32; n * rows]; // [n, rows]
+                matmul_with(Isa::detect(), WRef::of(&w), rows, cols, &x, n, &mut ys);
+                matmul_with(Isa::portable(), WRef::of(&w), rows, cols, &x, n, &mut yp);
+                for (i, (a, b)) in ys.iter().zip(&yp).enumerate() {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{kind:?} {rows}x{cols} n={n} at {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dot_is_the_matmul_order_and_accurate() {
+    let mut rng = Rng(11);
+    for len in [0, 1, 7, 8, 9, 64, 100, 1000] {
+        let a = rng.vec(len);
+        let b = rng.vec(len);
+        let d = dot(&a, &b);
+        assert_eq!(d.to_bits(), dot_with(Isa::portable(), &a, &b).to_bits(), "len {len}");
+        let mut y = [0.0f32; 1];
+        matmul_f32(&a, 1, len, &b, 1, &mut y);
+        assert_eq!(d.to_bits(), y[0].to_bits(), "dot vs matmul, len {len}");
+        let r: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
+        let mag: f64 = a.iter().zip(&b).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
+        assert!((d as f64 - r).abs() <= 1e-6 * mag + 1e-30, "len {len}: {d} vs {r}");
+    }
+}
+
+#[test]
+fn vector_ops_match_references() {
+    let mut rng = Rng(5);
+    for len in [1, 5, 8, 33, 1000] {
+        let x: Vec<f32> = rng.vec(len).iter().map(|v| v * 6.0).collect();
+        let w = rng.vec(len);
+        // rms_norm
+        let mut out = vec![0.0f32; len];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let ms: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / len as f64;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        for i in 0..len {
+            let r = x[i] as f64 * inv * w[i] as f64;
+            assert!((out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3), "rms {len} {i}");
+        }
+        // softmax / log_softmax
+        let m = x.iter().fold(f64::NEG_INFINITY, |a, v| a.max(*v as f64));
+        let z: f64 = x.iter().map(|v| (*v as f64 - m).exp()).sum();
+        let mut sm = x.clone();
+        softmax_inplace(&mut sm);
+        let mut ls = vec![0.0f32; len];
+        log_softmax(&x, &mut ls);
+        let total: f64 = sm.iter().map(|v| *v as f64).sum();
+        assert!((total - 1.0).abs() < 1e-5, "softmax sums to {total}");
+        for i in 0..len {
+            let p = (x[i] as f64 - m).exp() / z;
+            assert!((sm[i] as f64 - p).abs() <= 1e-6 + 1e-5 * p, "softmax {len} {i}");
+            assert!((ls[i] as f64 - p.ln()).abs() <= 1e-5 * (1.0 + p.ln().abs()), "logsm {len} {i}");
+        }
+        // silu_mul, axpy
+        let up = rng.vec(len);
+        silu_mul(&x, &up, &mut out);
+        for i in 0..len {
+            let g = x[i] as f64;
+            let r = g / (1.0 + (-g).exp()) * up[i] as f64;
+            assert!((out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3), "silu {len} {i}");
+        }
+        let mut y = w.clone();
+        axpy(0.5, &x, &mut y);
+        for i in 0..len {
+            assert_eq!(y[i], w[i] + 0.5 * x[i]);
+        }
+    }
+    // Softmax with a huge logit stays finite and peaked.
+    let mut big = vec![0.0f32, 1000.0, -1000.0];
+    softmax_inplace(&mut big);
+    assert_eq!(big, vec![0.0, 1.0, 0.0]);
+}
+
+#[test]
+fn matrix_rows_decode() {
+    let mut rng = Rng(9);
+    for kind in [Kind::F32, Kind::Bf16] {
+        let w = random_matrix(&mut rng, kind, 4, 13);
+        let mut row = vec![0.0f32; 13];
+        for r in 0..4 {
+            matrix_row_f32(&w, r, &mut row);
+            for (k, v) in row.iter().enumerate() {
+                assert_eq!(*v as f64, w_exact(&w, r, k));
+            }
+        }
+    }
+}
+
+#[test]
+fn probes_report_positive_rates() {
+    let bw = pool(1).install(|| measure_read_bandwidth(1 << 22, 2));
+    assert!(bw.is_finite() && bw > 1e8, "bandwidth {bw}");
+}
