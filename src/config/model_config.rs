@@ -1,0 +1,313 @@
+//! The resolved model configuration: HF `config.json` of a DeepSeek-V2 / V3 checkpoint parsed into
+//! one plain struct with every default applied.
+//!
+//! Data flow: `config.json` -> [`ModelConfig::from_file`] -> `weights` (which tensors to expect),
+//! `model` (layer shapes, MoE/dense rule, attention scale), `kv` (latent cache width), and the
+//! `specmla info` summary.
+//! Guarantees: a returned config is internally consistent (all dimensions > 0, MoE routing valid,
+//! RoPE scaling understood); anything the engine cannot run exactly — another architecture, another
+//! activation, biases, V3.2's sparse indexer, non-fp8 quantisation — is refused with
+//! `Error::Config { field, .. }` naming the JSON key, never silently ignored.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::json::{as_usize, Obj};
+use super::moe::{parse_moe, MoeConfig};
+use super::rope_scaling::{parse_rope, yarn_get_mscale, YarnScaling};
+use crate::error::{Error, Result};
+
+/// Which HF architecture the checkpoint declares (`model_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelType {
+    DeepseekV2,
+    DeepseekV3,
+}
+
+impl ModelType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelType::DeepseekV2 => "deepseek_v2",
+            ModelType::DeepseekV3 => "deepseek_v3",
+        }
+    }
+}
+
+/// Block-wise fp8 (e4m3fn) weight quantisation: `W[i, j] = fp8[i, j] * scale_inv[i / block_rows,
+/// j / block_cols]` (`quantization_config.weight_block_size = [block_rows, block_cols]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fp8Quant {
+    pub block_rows: usize,
+    pub block_cols: usize,
+}
+
+/// A DeepSeek-V2/V3 model configuration with all defaults resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub model_type: ModelType,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    /// Hidden size of the dense MLP layers.
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    /// `None` => plain `q_proj` (V2-Lite); `Some(r)` => `q_a_proj` [r, hidden] + `q_b_proj`.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<YarnScaling>,
+    pub max_position_embeddings: usize,
+    /// `None` => every layer is a dense MLP.
+    pub moe: Option<MoeConfig>,
+    pub rms_norm_eps: f32,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    /// Every id that ends generation (`eos_token_id` may be an int or a list); may be empty.
+    pub eos_token_ids: Vec<u32>,
+    /// Number of multi-token-prediction layers stored after the decoder layers (V3: 1).
+    pub num_nextn_predict_layers: usize,
+    pub quantization: Option<Fp8Quant>,
+}
+
+/// Keys that imply model features this engine does not implement.
+const REFUSED_KEYS: &[(&str, &str)] = &[
+    ("index_n_heads", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
+    ("index_head_dim", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
+    ("index_topk", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
+];
+
+impl ModelConfig {
+    /// Read and parse `config.json`. I/O failures -> `Error::Io`; content -> `Error::Config`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+        Self::from_json_str(&text)
+    }
+
+    /// Parse the text of a `config.json`.
+    pub fn from_json_str(s: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(s).map_err(|e| Error::config("(document)", format!("invalid JSON: {e}")))?;
+        let Value::Object(map) = &value else {
+            return Err(Error::config("(document)", "config.json must be a JSON object"));
+        };
+        let o = Obj::new(map, "");
+        let model_type = match o.opt_str("model_type")? {
+            Some("deepseek_v2") => ModelType::DeepseekV2,
+            Some("deepseek_v3") => ModelType::DeepseekV3,
+            Some(other) => {
+                return Err(o.err("model_type", format!("{other:?} is not supported (deepseek_v2 or deepseek_v3)")))
+            }
+            None => return Err(o.err("model_type", "required field is missing")),
+        };
+        for (key, why) in REFUSED_KEYS {
+            if o.has(key) {
+                return Err(o.err(key, *why));
+            }
+        }
+        if let Some(act) = o.opt_str("hidden_act")? {
+            if act != "silu" {
+                return Err(o.err("hidden_act", format!("{act:?} is not supported (only silu)")));
+            }
+        }
+        for key in ["attention_bias", "mlp_bias"] {
+            if o.bool_or(key, false)? {
+                return Err(o.err(key, "biases are not supported"));
+            }
+        }
+        let max_position_embeddings = o.req_dim("max_position_embeddings")?;
+        let (rope_theta, rope_scaling) = parse_rope(&o, max_position_embeddings)?;
+        let qk_rope_head_dim = o.req_dim("qk_rope_head_dim")?;
+        if qk_rope_head_dim % 2 != 0 {
+            return Err(o.err("qk_rope_head_dim", format!("must be even (rotary pairs), found {qk_rope_head_dim}")));
+        }
+        if !o.has_key("q_lora_rank") {
+            return Err(o.err("q_lora_rank", "required field is missing (null for a plain q_proj)"));
+        }
+        let q_lora_rank = match o.opt_usize("q_lora_rank")? {
+            Some(0) => return Err(o.err("q_lora_rank", "must be > 0 or null")),
+            r => r,
+        };
+        let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
+        if rms_norm_eps <= 0.0 {
+            return Err(o.err("rms_norm_eps", format!("must be > 0, found {rms_norm_eps}")));
+        }
+        let cfg = ModelConfig {
+            model_type,
+            vocab_size: o.req_dim("vocab_size")?,
+            hidden_size: o.req_dim("hidden_size")?,
+            intermediate_size: o.req_dim("intermediate_size")?,
+            num_hidden_layers: o.req_dim("num_hidden_layers")?,
+            num_attention_heads: o.req_dim("num_attention_heads")?,
+            q_lora_rank,
+            kv_lora_rank: o.req_dim("kv_lora_rank")?,
+            qk_nope_head_dim: o.req_dim("qk_nope_head_dim")?,
+            qk_rope_head_dim,
+            v_head_dim: o.req_dim("v_head_dim")?,
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings,
+            moe: parse_moe(&o, model_type)?,
+            rms_norm_eps: rms_norm_eps as f32,
+            tie_word_embeddings: o.bool_or("tie_word_embeddings", false)?,
+            bos_token_id: token_id(&o, "bos_token_id")?,
+            eos_token_ids: eos_ids(&o)?,
+            num_nextn_predict_layers: o.usize_or("num_nextn_predict_layers", 0)?,
+            quantization: parse_quant(&o)?,
+        };
+        Ok(cfg)
+    }
+
+    /// Whether decoder layer `layer` uses the MoE block (else the dense MLP).
+    pub fn is_moe_layer(&self, layer: usize) -> bool {
+        match &self.moe {
+            Some(m) => layer >= m.first_k_dense_replace && layer.is_multiple_of(m.moe_layer_freq),
+            None => false,
+        }
+    }
+
+    /// Per-head query/key width: `qk_nope_head_dim + qk_rope_head_dim`.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Attention softmax scale: `qk_head_dim^-0.5 * m^2`, with `m = 0.1 * mscale_all_dim *
+    /// ln(factor) + 1` under YaRN with `factor > 1` and `mscale_all_dim != 0`, else `m = 1`.
+    pub fn softmax_scale(&self) -> f32 {
+        let mut scale = (self.qk_head_dim() as f64).powf(-0.5);
+        if let Some(y) = &self.rope_scaling {
+            if y.mscale_all_dim != 0.0 {
+                let m = yarn_get_mscale(y.factor, y.mscale_all_dim);
+                scale *= m * m;
+            }
+        }
+        scale as f32
+    }
+
+    /// Width of one token's latent cache entry per layer: `[c_kv (kv_lora_rank) | k_pe (rope)]`.
+    pub fn kv_cache_dim(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Number of decoder layers that use the MoE block.
+    pub fn num_moe_layers(&self) -> usize {
+        (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).count()
+    }
+
+    /// A JSON summary of the resolved configuration (for `specmla info`).
+    pub fn to_summary_json(&self) -> Value {
+        let rope_scaling = self.rope_scaling.as_ref().map(|y| {
+            json!({
+                "type": "yarn",
+                "factor": y.factor,
+                "mscale": y.mscale,
+                "mscale_all_dim": y.mscale_all_dim,
+                "original_max_position_embeddings": y.original_max_position_embeddings,
+                "beta_fast": y.beta_fast,
+                "beta_slow": y.beta_slow,
+            })
+        });
+        let moe = self.moe.as_ref().map(|m| {
+            json!({
+                "n_routed_experts": m.n_routed_experts,
+                "n_shared_experts": m.n_shared_experts,
+                "num_experts_per_tok": m.num_experts_per_tok,
+                "n_group": m.n_group,
+                "topk_group": m.topk_group,
+                "topk_method": m.topk_method.as_str(),
+                "scoring_func": m.scoring_func.as_str(),
+                "norm_topk_prob": m.norm_topk_prob,
+                "routed_scaling_factor": m.routed_scaling_factor,
+                "moe_intermediate_size": m.moe_intermediate_size,
+                "first_k_dense_replace": m.first_k_dense_replace,
+                "moe_layer_freq": m.moe_layer_freq,
+            })
+        });
+        let quantization = self.quantization.map(|q| {
+            json!({ "method": "fp8", "fmt": "e4m3", "weight_block_size": [q.block_rows, q.block_cols] })
+        });
+        json!({
+            "model_type": self.model_type.as_str(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_moe_layers": self.num_moe_layers(),
+            "num_attention_heads": self.num_attention_heads,
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "qk_head_dim": self.qk_head_dim(),
+            "v_head_dim": self.v_head_dim,
+            "kv_cache_dim": self.kv_cache_dim(),
+            "softmax_scale": self.softmax_scale(),
+            "rope_theta": self.rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "moe": moe,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_ids": self.eos_token_ids,
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            "quantization": quantization,
+        })
+    }
+}
+
+fn value_to_id(v: &Value) -> Option<u32> {
+    as_usize(v).and_then(|u| u32::try_from(u).ok())
+}
+
+fn token_id(o: &Obj<'_>, key: &str) -> Result<Option<u32>> {
+    match o.get(key) {
+        None => Ok(None),
+        Some(v) => value_to_id(v)
+            .map(Some)
+            .ok_or_else(|| o.err(key, format!("expected a token id, found {v}"))),
+    }
+}
+
+fn eos_ids(o: &Obj<'_>) -> Result<Vec<u32>> {
+    match o.get("eos_token_id") {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| value_to_id(v).ok_or_else(|| o.err("eos_token_id", format!("expected a token id, found {v}"))))
+            .collect(),
+        Some(_) => Ok(vec![token_id(o, "eos_token_id")?.expect("present")]),
+    }
+}
+
+fn parse_quant(o: &Obj<'_>) -> Result<Option<Fp8Quant>> {
+    let Some(q) = o.opt_obj("quantization_config")? else {
+        return Ok(None);
+    };
+    match q.opt_str("quant_method")? {
+        Some("fp8") => {}
+        Some(other) => return Err(q.err("quant_method", format!("{other:?} is not supported (only fp8)"))),
+        None => return Err(q.err("quant_method", "required field is missing")),
+    }
+    if let Some(fmt) = q.opt_str("fmt")? {
+        if fmt != "e4m3" {
+            return Err(q.err("fmt", format!("{fmt:?} is not supported (only e4m3)")));
+        }
+    }
+    if let Some(a) = q.opt_str("activation_scheme")? {
+        if a != "dynamic" {
+            return Err(q.err("activation_scheme", format!("{a:?} is not supported (only dynamic)")));
+        }
+    }
+    let block = match q.get("weight_block_size") {
+        Some(Value::Array(v)) if v.len() == 2 => (as_usize(&v[0]), as_usize(&v[1])),
+        Some(v) => return Err(q.err("weight_block_size", format!("expected [rows, cols], found {v}"))),
+        None => return Err(q.err("weight_block_size", "required field is missing (per-tensor fp8 is not supported)")),
+    };
+    match block {
+        (Some(r), Some(c)) if r > 0 && c > 0 => Ok(Some(Fp8Quant { block_rows: r, block_cols: c })),
+        _ => Err(q.err("weight_block_size", "block sizes must be positive integers")),
+    }
+}

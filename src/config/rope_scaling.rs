@@ -1,0 +1,158 @@
+//! RoPE base and YaRN scaling, read from either spelling of `config.json`.
+//!
+//! Data flow: `config.json` -> [`parse_rope`] -> `ModelConfig::{rope_theta, rope_scaling}` ->
+//! the model's rotary tables and `ModelConfig::softmax_scale`.
+//! Guarantees: the two spellings found in the wild give the same result — hub checkpoints
+//! (top-level `rope_theta` + `rope_scaling {type|rope_type: "yarn", ...}`) and transformers-5
+//! `save_pretrained` (`rope_parameters {rope_theta, rope_type, factor, ...}`). Only `yarn` (or no
+//! scaling: absent, null, or `rope_type: "default"`) is accepted; every other type, and every YaRN
+//! variant whose meaning differs between reference implementations, is refused with an error
+//! naming the field.
+
+use super::json::Obj;
+use crate::error::Result;
+
+/// YaRN RoPE scaling parameters (DeepSeek-V2/V3 style), fully resolved (defaults applied).
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnScaling {
+    /// Context extension factor (`factor`, >= 1).
+    pub factor: f64,
+    /// `mscale` (default 1): numerator of the cos/sin magnitude correction.
+    pub mscale: f64,
+    /// `mscale_all_dim` (default 0): enters the attention softmax scale (see `softmax_scale`).
+    pub mscale_all_dim: f64,
+    /// Pre-training context length the correction range is computed against.
+    pub original_max_position_embeddings: usize,
+    /// Rotations where extrapolation ends (default 32).
+    pub beta_fast: f64,
+    /// Rotations where interpolation begins (default 1).
+    pub beta_slow: f64,
+}
+
+/// YaRN magnitude correction `0.1 * mscale * ln(factor) + 1` (1 when `factor <= 1`).
+pub fn yarn_get_mscale(factor: f64, mscale: f64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * factor.ln() + 1.0
+    }
+}
+
+impl YarnScaling {
+    /// Factor the cos/sin tables are multiplied by (transformers' `attention_factor` when not
+    /// given): `m(factor, mscale) / m(factor, mscale_all_dim)` when both are non-zero, else
+    /// `m(factor, 1)`. Equals 1.0 for the official V2/V3 configs (mscale == mscale_all_dim).
+    pub fn cos_sin_mscale(&self) -> f64 {
+        if self.mscale != 0.0 && self.mscale_all_dim != 0.0 {
+            yarn_get_mscale(self.factor, self.mscale) / yarn_get_mscale(self.factor, self.mscale_all_dim)
+        } else {
+            yarn_get_mscale(self.factor, 1.0)
+        }
+    }
+}
+
+/// Resolve `(rope_theta, rope_scaling)` from the root object of `config.json`.
+/// `max_position_embeddings` is the fallback for a missing `original_max_position_embeddings`.
+pub(crate) fn parse_rope(root: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, Option<YarnScaling>)> {
+    // rope_interleave: checkpoints store q_pe / k_pe rows in interleaved pair order; `false`
+    // would mean a non-interleaved (rotate_half) layout that this engine does not implement.
+    if root.opt_bool("rope_interleave")? == Some(false) {
+        return Err(root.err(
+            "rope_interleave",
+            "false (non-interleaved rotary layout) is not supported; only interleaved pairs (true or absent)",
+        ));
+    }
+    // transformers gives a non-null `rope_scaling` precedence over `rope_parameters`.
+    let params = match root.opt_obj("rope_scaling")? {
+        Some(p) => Some(p),
+        None => root.opt_obj("rope_parameters")?,
+    };
+    let top_theta = root.opt_f64("rope_theta")?;
+    let Some(p) = params else {
+        return Ok((check_theta(root, "rope_theta", top_theta.unwrap_or(10000.0))?, None));
+    };
+    for (k, v) in p.values() {
+        if v.is_object() {
+            return Err(p.err(k, "per-layer-type RoPE parameters are not supported"));
+        }
+    }
+    let theta = match p.opt_f64("rope_theta")? {
+        Some(t) => check_theta(&p, "rope_theta", t)?,
+        None => check_theta(root, "rope_theta", top_theta.unwrap_or(10000.0))?,
+    };
+    let ty = p.opt_str("type")?;
+    let rty = p.opt_str("rope_type")?;
+    let (kind, kind_key) = match (ty, rty) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(p.err("rope_type", format!("`type` is {a:?} but `rope_type` is {b:?}")))
+        }
+        (Some(a), _) => (a, "type"),
+        (None, Some(b)) => (b, "rope_type"),
+        (None, None) => ("default", "rope_type"),
+    };
+    match kind {
+        "default" => Ok((theta, None)),
+        "yarn" => Ok((theta, Some(parse_yarn(&p, max_position_embeddings)?))),
+        other => Err(p.err(kind_key, format!("RoPE scaling type {other:?} is not supported (only yarn)"))),
+    }
+}
+
+fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
+    if t <= 0.0 {
+        return Err(o.err(key, format!("must be > 0, found {t}")));
+    }
+    Ok(t)
+}
+
+fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling> {
+    if let Some(f) = p.opt_f64("partial_rotary_factor")? {
+        if f != 1.0 {
+            return Err(p.err("partial_rotary_factor", format!("only 1.0 is supported, found {f}")));
+        }
+    }
+    let factor = p.opt_f64("factor")?.ok_or_else(|| p.err("factor", "required field is missing"))?;
+    if factor < 1.0 {
+        return Err(p.err("factor", format!("must be >= 1, found {factor}")));
+    }
+    if p.has("attention_factor") {
+        return Err(p.err("attention_factor", "an explicit cos/sin attention factor is not supported"));
+    }
+    if p.opt_bool("truncate")? == Some(false) {
+        return Err(p.err("truncate", "false (untruncated correction range) is not supported"));
+    }
+    let original = match p.opt_usize("original_max_position_embeddings")? {
+        Some(0) => return Err(p.err("original_max_position_embeddings", "must be > 0")),
+        Some(o) => {
+            // transformers >= 4.5x recomputes the frequency factor as max/original when the
+            // original length is given, while the attention scale uses `factor`; refuse configs
+            // where the two disagree instead of silently picking one.
+            let ratio = max_position_embeddings as f64 / o as f64;
+            if (ratio - factor).abs() > 1e-6 * factor {
+                return Err(p.err(
+                    "factor",
+                    format!(
+                        "{factor} disagrees with max_position_embeddings / original_max_position_embeddings = {ratio}"
+                    ),
+                ));
+            }
+            o
+        }
+        None => max_position_embeddings,
+    };
+    let beta_fast = nonzero_or(p, "beta_fast", 32.0)?;
+    let beta_slow = nonzero_or(p, "beta_slow", 1.0)?;
+    let mscale = p.f64_or("mscale", 1.0)?;
+    let mscale_all_dim = p.f64_or("mscale_all_dim", 0.0)?;
+    if beta_fast < 0.0 || beta_slow < 0.0 {
+        return Err(p.err("beta_fast", "beta_fast and beta_slow must be > 0"));
+    }
+    Ok(YarnScaling { factor, mscale, mscale_all_dim, original_max_position_embeddings: original, beta_fast, beta_slow })
+}
+
+/// transformers reads these with `get(..) or default`, so 0 also means the default.
+fn nonzero_or(p: &Obj<'_>, key: &str, default: f64) -> Result<f64> {
+    Ok(match p.opt_f64(key)? {
+        Some(x) if x != 0.0 => x,
+        _ => default,
+    })
+}

@@ -1,0 +1,282 @@
+//! Memory-mapped safetensors checkpoints: one file, a sharded directory, or an in-memory buffer.
+//!
+//! Data flow: model directory -> [`WeightStore`] (mmaps + a name index) -> `weights::loader`
+//! (checked, typed copies) -> `model`. Guarantees: every header is fully validated when the store
+//! is opened (length, UTF-8, JSON, dtypes, offsets contiguous and inside the file, byte sizes equal
+//! to `numel * dtype size`), so [`WeightStore::get`] never reads out of bounds; a malformed file is
+//! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped, not read into memory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::SafeTensorError;
+use safetensors::SafeTensors;
+
+use super::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Where the weights come from.
+#[derive(Clone, Debug)]
+pub enum WeightSource {
+    /// A model directory: `model.safetensors.index.json` (sharded) if present, else
+    /// `model.safetensors`, else every `*.safetensors` in name order.
+    Dir(PathBuf),
+    /// A single `.safetensors` file.
+    File(PathBuf),
+    /// The bytes of one safetensors file (tests, embedding hosts).
+    Bytes(Vec<u8>),
+}
+
+/// A borrowed view of one stored tensor (raw little-endian bytes, row-major, no alignment).
+#[derive(Clone, Debug)]
+pub struct TensorView<'a> {
+    pub name: &'a str,
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    /// `numel * dtype size` bytes.
+    pub data: &'a [u8],
+}
+
+enum Backing {
+    Mmap(Mmap),
+    Bytes(Vec<u8>),
+}
+
+struct Shard {
+    /// For error messages.
+    path: String,
+    backing: Backing,
+}
+
+impl Shard {
+    fn bytes(&self) -> &[u8] {
+        match &self.backing {
+            Backing::Mmap(m) => m,
+            Backing::Bytes(b) => b,
+        }
+    }
+}
+
+struct Entry {
+    shard: usize,
+    dtype: DType,
+    shape: Vec<usize>,
+    /// Absolute byte range in the shard (validated against its length at open).
+    start: usize,
+    end: usize,
+}
+
+/// All tensors of a checkpoint, by name. Owns the mappings; views borrow from it.
+pub struct WeightStore {
+    shards: Vec<Shard>,
+    tensors: BTreeMap<String, Entry>,
+    total_bytes: usize,
+}
+
+impl std::fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightStore")
+            .field("shards", &self.shards.iter().map(|s| s.path.as_str()).collect::<Vec<_>>())
+            .field("tensors", &self.tensors.len())
+            .field("total_bytes", &self.total_bytes)
+            .finish()
+    }
+}
+
+fn st_err(path: impl Into<String>, msg: impl Into<String>) -> Error {
+    Error::Safetensors { path: path.into(), msg: msg.into() }
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    Error::Io { path: path.to_path_buf(), source: e }
+}
+
+impl WeightStore {
+    pub fn open(source: WeightSource) -> Result<Self> {
+        match source {
+            WeightSource::Dir(d) => Self::open_dir(&d),
+            WeightSource::File(p) => {
+                let mut s = Self::empty();
+                s.add_shard(map_file(&p)?)?;
+                Ok(s)
+            }
+            WeightSource::Bytes(b) => {
+                let mut s = Self::empty();
+                s.add_shard(Shard { path: "<bytes>".into(), backing: Backing::Bytes(b) })?;
+                Ok(s)
+            }
+        }
+    }
+
+    /// Open a model directory (see [`WeightSource::Dir`]).
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let entries = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
+        let index = dir.join("model.safetensors.index.json");
+        if index.is_file() {
+            return Self::open_index(dir, &index);
+        }
+        let single = dir.join("model.safetensors");
+        let mut files = if single.is_file() {
+            vec![single]
+        } else {
+            let mut v = Vec::new();
+            for e in entries {
+                let p = e.map_err(|e| io_err(dir, e))?.path();
+                if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
+                    v.push(p);
+                }
+            }
+            v.sort();
+            v
+        };
+        if files.is_empty() {
+            return Err(st_err(
+                dir.display().to_string(),
+                "no model.safetensors.index.json, model.safetensors or *.safetensors file",
+            ));
+        }
+        let mut s = Self::empty();
+        for f in files.drain(..) {
+            s.add_shard(map_file(&f)?)?;
+        }
+        Ok(s)
+    }
+
+    fn open_index(dir: &Path, index: &Path) -> Result<Self> {
+        let ipath = index.display().to_string();
+        let text = std::fs::read_to_string(index).map_err(|e| io_err(index, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| st_err(&ipath, format!("invalid JSON: {e}")))?;
+        let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
+            return Err(st_err(&ipath, "missing `weight_map` object"));
+        };
+        // shard file name -> tensors the index places in it
+        let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, file) in map {
+            let Some(file) = file.as_str() else {
+                return Err(st_err(&ipath, format!("weight_map[`{name}`] is not a file name")));
+            };
+            let plain = Path::new(file).components().count() == 1
+                && !matches!(file, "." | "..")
+                && !Path::new(file).is_absolute();
+            if !plain {
+                return Err(st_err(&ipath, format!("weight_map[`{name}`] = {file:?} is not a plain file name")));
+            }
+            by_shard.entry(file).or_default().push(name);
+        }
+        if by_shard.is_empty() {
+            return Err(st_err(&ipath, "`weight_map` is empty"));
+        }
+        let mut s = Self::empty();
+        for (file, names) in &by_shard {
+            let p = dir.join(file);
+            if !p.is_file() {
+                return Err(st_err(&ipath, format!("shard {file:?} named in weight_map does not exist")));
+            }
+            let shard_idx = s.shards.len();
+            let shard_path = p.display().to_string();
+            s.add_shard(map_file(&p)?)?;
+            for n in names {
+                if s.tensors.get(*n).map(|e| e.shard) != Some(shard_idx) {
+                    return Err(st_err(&shard_path, format!("tensor `{n}` listed in the index is not in this shard")));
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    fn empty() -> Self {
+        WeightStore { shards: Vec::new(), tensors: BTreeMap::new(), total_bytes: 0 }
+    }
+
+    /// Validate a shard's header and index its tensors.
+    fn add_shard(&mut self, shard: Shard) -> Result<()> {
+        let idx = self.shards.len();
+        let bytes = shard.bytes();
+        let path = shard.path.as_str();
+        let len = bytes.len();
+        if len < 8 {
+            return Err(st_err(path, format!("truncated: {len} bytes, shorter than the 8-byte header length")));
+        }
+        let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        if n > (len - 8) as u64 {
+            return Err(st_err(path, format!("header length {n} runs past the end of the file ({len} bytes)")));
+        }
+        let (n, meta) = SafeTensors::read_metadata(bytes).map_err(|e| st_err(path, describe(e)))?;
+        let base = 8 + n;
+        for (name, info) in meta.tensors() {
+            let (s, e) = info.data_offsets;
+            let (start, end) = match (base.checked_add(s), base.checked_add(e)) {
+                (Some(a), Some(b)) if a <= b && b <= len => (a, b),
+                _ => return Err(st_err(path, format!("tensor `{name}`: data offsets out of range"))),
+            };
+            if self.tensors.contains_key(&name) {
+                return Err(st_err(path, format!("tensor `{name}` also appears in another shard")));
+            }
+            self.total_bytes += end - start;
+            let entry = Entry { shard: idx, dtype: DType::from_safetensors(info.dtype), shape: info.shape.clone(), start, end };
+            self.tensors.insert(name, entry);
+        }
+        self.shards.push(shard);
+        Ok(())
+    }
+
+    /// The tensor called `name`, if stored.
+    pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
+        let (k, e) = self.tensors.get_key_value(name)?;
+        let data = &self.shards[e.shard].bytes()[e.start..e.end];
+        Some(TensorView { name: k.as_str(), dtype: e.dtype.clone(), shape: &e.shape, data })
+    }
+
+    /// Every stored tensor name, in sorted order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|k| k.as_str())
+    }
+
+    /// Number of stored tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Sum of all tensors' data bytes (headers excluded).
+    pub fn total_bytes(&self) -> usize {
+        self.total_bytes
+    }
+}
+
+fn map_file(p: &Path) -> Result<Shard> {
+    let f = File::open(p).map_err(|e| io_err(p, e))?;
+    let len = f.metadata().map_err(|e| io_err(p, e))?.len();
+    let path = p.display().to_string();
+    let backing = if len == 0 {
+        Backing::Bytes(Vec::new())
+    } else {
+        // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as
+        // immutable while the engine runs; truncating one underneath a running engine is outside
+        // the supported contract (the same one every mmap-based checkpoint loader makes).
+        Backing::Mmap(unsafe { Mmap::map(&f) }.map_err(|e| io_err(p, e))?)
+    };
+    Ok(Shard { path, backing })
+}
+
+fn describe(e: SafeTensorError) -> String {
+    match e {
+        SafeTensorError::HeaderTooSmall => "truncated: shorter than the 8-byte header length".into(),
+        SafeTensorError::InvalidHeaderLength => "header length runs past the end of the file".into(),
+        SafeTensorError::HeaderTooLarge => "header length over 100 MB".into(),
+        SafeTensorError::InvalidHeader(u) => format!("header is not UTF-8: {u}"),
+        SafeTensorError::InvalidHeaderDeserialization(j) => format!("header is not valid safetensors JSON: {j}"),
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "data section size does not match the header's offsets (truncated or trailing bytes)".into()
+        }
+        SafeTensorError::InvalidOffset(n) => format!("tensor `{n}`: offsets overlap or leave a gap"),
+        SafeTensorError::TensorInvalidInfo => "a tensor's byte size does not match its shape and dtype".into(),
+        other => other.to_string(),
+    }
+}
