@@ -1,0 +1,161 @@
+"""Render models/README.md (the model card) from the saved configs, train_stats.json files,
+models/train_all.json and models/eval.json, so every number in the card is a measured one.
+
+Usage: python tools/train/model_card.py [--models models]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+NAMES = ("target", "draft", "draft-weak")
+
+
+def pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="models")
+    args = ap.parse_args()
+    M = args.models
+    cfg = {n: json.load(open(os.path.join(M, n, "config.json"))) for n in NAMES}
+    st = {n: json.load(open(os.path.join(M, n, "train_stats.json"))) for n in NAMES}
+    ev = json.load(open(os.path.join(M, "eval.json")))
+    wall = json.load(open(os.path.join(M, "train_all.json"))).get("train_wall_s")
+    size = {n: os.path.getsize(os.path.join(M, n, "model.safetensors")) for n in NAMES}
+    total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(M) for f in fs)
+
+    t = cfg["target"]
+    d = cfg["draft"]
+    acc = ev["target"]["answer_accuracy"]
+    tl = ev["target"]["thinking_tokens"]
+    L = []
+    w = L.append
+    w("# Bundled models: mod-10 program evaluation with a thinking scratchpad\n")
+    w("Three small `DeepseekV3ForCausalLM` checkpoints trained from scratch in this repository on a "
+      "synthetic task (nothing is downloaded): `target` (MLA + MoE, the model the engine serves), "
+      "`draft` (a dense model with the same tokenizer, for speculative decoding) and `draft-weak` "
+      "(same architecture as `draft`, trained briefly, for draft-swap tests). This file is generated "
+      "by `tools/train/model_card.py` from the measured JSON files next to the models.\n")
+    w("## Task\n")
+    w("Each sample is `<bos>` question `<think>` scratchpad `</think>` answer `<eos>`:\n")
+    w("```\n<bos>Q: Let x=4. Evaluate mod 10: k+3,q-7,b+5<think>k+3:4+3=7;q-7:7-7=0;b+5:0+5=5;</think>The answer is 5.<eos>\n```\n")
+    w("A start value (always written `x=<digit>`) and 4..10 labelled operations with distinct "
+      "one-letter names; six question wordings and three operation separators. The scratchpad "
+      "applies one operation per step (8 tokens per step), so the answer (the last value) needs "
+      "every step: with the thinking cut short the model can only guess (10% is chance). "
+      "Training mixes in 15% of samples whose thinking is cut at a random token and followed by "
+      "`</think>` and the right answer, so a forced early end is in distribution (the `</think>` of "
+      "those samples is not trained on, so the model never learns to stop early). The loss covers "
+      "thinking + answer only. Held-out problems come from a separate seed "
+      "(`task.heldout_problems`).\n")
+    w("## Tokenizer\n")
+    w(f"`tokenizer.json` (identical in every model directory): a BPE trained with the `tokenizers` "
+      f"library, {t['vocab_size']} tokens. Special added tokens: `<pad>`=0, `<bos>`=1, `<eos>`=2, "
+      "`<think>`=3, `</think>`=4. The pre-tokenizer isolates each digit, each signed digit (`+3`, "
+      "`-7` are single tokens), each word and each other character, so every scratchpad lookup is a "
+      "single-token match; the decoder is `Fuse`, so decode(encode(x)) == x "
+      f"(checked on {ev['tokenizer_roundtrip']['samples']} samples: "
+      f"{ev['tokenizer_roundtrip']['failures']} failures). No post-processor: prompts carry their "
+      "own `<bos>`; encode with `add_special_tokens=False`.\n")
+    w("## Format\n")
+    w("`config.json` + `model.safetensors` + `tokenizer.json` (+ `tokenizer_config.json`, "
+      "`generation_config.json`), written by `save_pretrained` (transformers "
+      f"{t.get('transformers_version')}). All weights are bf16 except, in MoE layers, "
+      "`mlp.gate.weight` and `mlp.gate.e_score_correction_bias`, which are fp32 (as transformers "
+      "keeps them). Experts are stored under the classic per-expert names "
+      "`mlp.experts.E.{gate,up,down}_proj.weight`. The config uses the transformers 5.x spelling: "
+      "`rope_parameters` (yarn) and `rope_interleave: true` (checkpoint k_pe/q_pe pairs are "
+      "interleaved), plus the explicit extra keys `topk_method: noaux_tc`, `scoring_func: sigmoid`; "
+      "`num_nextn_predict_layers: 0` (no MTP weights). The router biases are non-zero "
+      "(aux-loss-free balancing was used in training), so an engine that ignores "
+      "`e_score_correction_bias` routes differently.\n")
+    w("| | target | draft / draft-weak |")
+    w("|---|---|---|")
+    rows = [
+        ("layers", "num_hidden_layers"), ("hidden", "hidden_size"), ("heads", "num_attention_heads"),
+        ("q_lora_rank", "q_lora_rank"), ("kv_lora_rank", "kv_lora_rank"),
+        ("qk_nope / qk_rope / v head dims", None), ("dense intermediate", "intermediate_size"),
+        ("first_k_dense_replace", "first_k_dense_replace"),
+    ]
+    for label, key in rows:
+        if key is None:
+            f = lambda c: f"{c['qk_nope_head_dim']} / {c['qk_rope_head_dim']} / {c['v_head_dim']}"
+        else:
+            f = lambda c, k=key: str(c[k])
+        w(f"| {label} | {f(t)} | {f(d)} |")
+    w(f"| MoE | {t['n_routed_experts']} routed x {t['moe_intermediate_size']} + "
+      f"{t['n_shared_experts']} shared, top-{t['num_experts_per_tok']}, n_group {t['n_group']}, "
+      f"topk_group {t['topk_group']}, scale {t['routed_scaling_factor']}, "
+      f"norm_topk_prob {t['norm_topk_prob']} | none (all layers dense) |")
+    rp = t["rope_parameters"]
+    w(f"| rope | yarn factor {rp['factor']}, original_max_position_embeddings "
+      f"{rp['original_max_position_embeddings']}, theta {rp['rope_theta']}, mscale {rp['mscale']}, "
+      f"mscale_all_dim {rp['mscale_all_dim']}, max_position_embeddings "
+      f"{t['max_position_embeddings']} | same |")
+    w("")
+    w("## Sizes and training\n")
+    w("| model | params total | params active / token | model.safetensors | steps x batch | "
+      "train tokens | wall time | tokens/s | final loss |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for n in NAMES:
+        s = st[n]
+        w(f"| {n} | {s['params']['total'] / 1e6:.2f}M | {s['params']['active_per_token'] / 1e6:.2f}M | "
+          f"{size[n] / 1e6:.1f} MB | {s['steps']} x {s['batch']} | {s['train_tokens'] / 1e6:.2f}M | "
+          f"{s['wall_s'] / 60:.1f} min | {s['tokens_per_s']:.0f} | {s['final_loss_ema']:.3f} |")
+    w("")
+    w(f"Command: `tools/train/train_all.sh` (pinned versions in `tools/train/requirements.txt`). It "
+      "trains the three models at the same time, one CPU thread each, seeded, AdamW with cosine "
+      "decay from lr 2e-3, then runs `check_models.py` and `evaluate.py`. Measured wall time for "
+      f"all training: {wall / 60:.1f} min on a 2-core machine that was also compiling Rust "
+      "(tokens/s above are per model under that load; tokens count non-padding tokens). "
+      "CI never trains. Total size of `models/`: "
+      f"{total / 1e6:.1f} MB.\n")
+    w("## Evaluation\n")
+    w(f"`tools/train/evaluate.py`, {ev['n_problems']} held-out problems, {ev['compute']}.\n")
+    w("| target thinking budget | answer accuracy |")
+    w("|---|---|")
+    w(f"| full (natural length) | {pct(acc['full'])} |")
+    w(f"| cut at 50% (`</think>` forced) | {pct(acc['cut_50'])} |")
+    w(f"| cut at 25% | {pct(acc['cut_25'])} |")
+    w(f"| no thinking | {pct(acc['none'])} |")
+    w("")
+    w(f"Target scratchpads exactly equal to the reference solution: "
+      f"{pct(ev['target']['thinking_trace_exact_match'])}. Natural thinking length (tokens): mean "
+      f"{tl['mean']}, min {tl['min']}, p10 {tl['p10']}, median {tl['p50']}, p90 {tl['p90']}, "
+      f"max {tl['max']}; histogram {json.dumps(tl['histogram_by_10'])}. Accuracy by number of "
+      f"operations: {json.dumps({k: (None if v is None else round(v, 3)) for k, v in ev['target']['accuracy_by_n_ops'].items()})}.\n")
+    w("Draft agreement with the target: teacher-forced on the target's own greedy traces, the fraction "
+      "of positions where the draft's argmax equals the target's (the expected per-token acceptance "
+      "under greedy verification); expected tokens per verification step walks the traces with a "
+      "k-token draft (accepted prefix + one target token).\n")
+    w("| draft | agreement (thinking) | agreement (thinking + answer) | tokens / verify k=2 | k=4 | "
+      "k=6 | its own accuracy, full thinking |")
+    w("|---|---|---|---|---|---|---|")
+    for n, r in ev["drafts"].items():
+        e = r["expected_tokens_per_verify"]
+        w(f"| {n} | {pct(r['agreement_thinking'])} | {pct(r['agreement_thinking_plus_answer'])} | "
+          f"{e['k=2']} | {e['k=4']} | {e['k=6']} | {pct(r['own_answer_accuracy_full_thinking'])} |")
+    w("")
+    w("## Workload files (`models/workload/`)\n")
+    w("- `prompts.jsonl`: the first 320 held-out problems, one JSON per line: `prompt` "
+      "(`<bos>Q: ...<think>`, exactly what the model continues), `prompt_token_ids`, `answer`, "
+      "`n_ops`, `natural_thinking_tokens` (length of the target's greedy scratchpad).")
+    w("- `prompts.txt`: the same prompt texts, one per line.")
+    w("- `reference_greedy.jsonl`: the target's greedy continuations of the first 50 prompts "
+      "(`prompt_token_ids`, `output_token_ids`, at most 128 new tokens, ending with `<eos>`), "
+      "computed in fp32 from the bf16 weights without padding. bf16 compute can flip near-ties, so "
+      "check an engine against these in fp32. Batched (left-padded) generation reproduced "
+      f"{pct(ev.get('reference_matches_batched_generation'))} of them.\n")
+    w("## License\n")
+    w("MIT, like the rest of the project. The training data is synthetic, generated by "
+      "`tools/train/task.py`; no third-party data or weights were used.")
+    open(os.path.join(M, "README.md"), "w").write("\n".join(L) + "\n")
+    print("wrote", os.path.join(M, "README.md"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Train one bundled model (target, draft, draft-weak) on the mod-10 program-evaluation task.
+
+Usage: python tools/train/train.py --model target --steps N [--threads 2] [--out models]
+Writes models/<name>/ (config.json, model.safetensors in bf16 with fp32 router gate/bias,
+tokenizer.json, tokenizer_config.json) and models/<name>/train_stats.json (wall time, tokens/s,
+loss curve). Seeded: the same command gives the same weights on the same torch build/thread count.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, PreTrainedTokenizerFast
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import task  # noqa: E402
+
+ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+COMMON = dict(
+    max_position_embeddings=256,
+    rope_interleave=True,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    attention_bias=False,
+    initializer_range=0.02,
+    num_mtp_layers=0,  # no multi-token-prediction layer is trained or saved
+    # extra keys the engine reads (DeepSeek-V3 hub spelling); transformers always routes this way
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+)
+
+ARCHS = {
+    # ~35M total, ~3M active: dense layer 0, then 3 MoE layers (56 routed + 1 shared, top-2).
+    "target": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        intermediate_size=768, moe_intermediate_size=256, n_routed_experts=56, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=8, topk_group=4, first_k_dense_replace=1,
+        norm_topk_prob=True, routed_scaling_factor=2.5,
+    ),
+    # ~1.9M dense (first_k_dense_replace = num_hidden_layers => no MoE layer).
+    "draft": dict(
+        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        intermediate_size=1024, moe_intermediate_size=256, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=2,
+        norm_topk_prob=True, routed_scaling_factor=1.0,
+    ),
+}
+ARCHS["draft-weak"] = ARCHS["draft"]
+
+DEFAULTS = {  # steps, lr, seed (batch 16)
+    "target": dict(steps=700, lr=2e-3, seed=1),
+    "draft": dict(steps=900, lr=2e-3, seed=2),
+    "draft-weak": dict(steps=100, lr=2e-3, seed=3),
+}
+
+
+def build_config(name: str, tok) -> DeepseekV3Config:
+    kw = dict(COMMON)
+    kw.update(ARCHS[name])
+    kw["rope_parameters"] = dict(ROPE)
+    kw["vocab_size"] = tok.get_vocab_size()
+    kw["pad_token_id"] = tok.token_to_id(task.PAD)
+    kw["bos_token_id"] = tok.token_to_id(task.BOS)
+    kw["eos_token_id"] = tok.token_to_id(task.EOS)
+    return DeepseekV3Config(**kw)
+
+
+def count_params(model, cfg) -> dict:
+    total = sum(p.numel() for p in model.parameters())
+    active = total
+    if cfg.n_routed_experts and cfg.first_k_dense_replace < cfg.num_hidden_layers:
+        n_moe = cfg.num_hidden_layers - cfg.first_k_dense_replace
+        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        active = total - n_moe * (cfg.n_routed_experts - cfg.num_experts_per_tok) * per_expert
+    return {"total": total, "active_per_token": active}
+
+
+def make_batches(tok, stream, rng, batch, n_groups, cut_frac):
+    """n_groups batches of `batch` samples, grouped by length to limit padding."""
+    samples = []
+    for _ in range(batch * n_groups):
+        p = next(stream)
+        cut = None
+        if rng.random() < cut_frac:
+            n_think = len(task.encode(tok, task.thinking_text(p)))
+            cut = rng.randint(0, n_think - 1)
+        samples.append(task.encode_sample(tok, p, cut))
+    samples.sort(key=lambda s: len(s[0]))
+    out = []
+    pad = tok.token_to_id(task.PAD)
+    for g in range(n_groups):
+        grp = samples[g * batch:(g + 1) * batch]
+        L = max(len(s[0]) for s in grp)
+        ids = torch.full((len(grp), L), pad, dtype=torch.long)
+        labels = torch.full((len(grp), L), -100, dtype=torch.long)
+        for i, (s, m) in enumerate(grp):
+            ids[i, :len(s)] = torch.tensor(s)
+            lab = torch.tensor([t if k else -100 for t, k in zip(s, m)])
+            labels[i, :len(s)] = lab
+        out.append((ids, labels))
+    rng.shuffle(out)
+    return out
+
+
+def save_model(model, cfg, tok, out_dir):
+    """bf16 weights, except the router gate weight and correction bias (fp32, as transformers keeps
+    them when loading in bf16)."""
+    os.makedirs(out_dir, exist_ok=True)
+    model = model.to(torch.bfloat16)
+    for mod in model.modules():
+        if type(mod).__name__ == "DeepseekV3TopkRouter":
+            mod.float()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=task.BOS, eos_token=task.EOS, pad_token=task.PAD,
+        additional_special_tokens=[task.THINK, task.END_THINK], clean_up_tokenization_spaces=False,
+    )
+    hf_tok.save_pretrained(out_dir)
+    # save_pretrained may rewrite tokenizer.json; keep the trained one byte-for-byte.
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, choices=sorted(ARCHS))
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cut-frac", type=float, default=0.15)
+    ap.add_argument("--bias-gamma", type=float, default=1e-3)
+    ap.add_argument("--out", default="models")
+    ap.add_argument("--probe", action="store_true", help="time 20 steps, save nothing")
+    args = ap.parse_args()
+    d = DEFAULTS[args.model]
+    steps = args.steps or d["steps"]
+    lr = args.lr or d["lr"]
+    seed = args.seed if args.seed is not None else d["seed"]
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = task.train_tokenizer(seed=0)
+    cfg = build_config(args.model, tok)
+    model = DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.float32)
+    model.train()
+    params = count_params(model, model.config)
+    print(f"{args.model}: params {params}", flush=True)
+
+    # Aux-loss-free load balancing (DeepSeek-V3): count expert hits per router, nudge biases.
+    routers = [m for m in model.modules() if type(m).__name__ == "DeepseekV3TopkRouter"]
+    loads = {id(r): torch.zeros(r.num_experts) for r in routers}
+
+    def hook(mod, _inp, out):
+        idx = out[2].detach().reshape(-1)
+        loads[id(mod)] += torch.bincount(idx, minlength=mod.num_experts).float()
+
+    for r in routers:
+        r.register_forward_hook(hook)
+
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or "norm" in n else decay).append(p)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, betas=(0.9, 0.98), eps=1e-8,
+    )
+    warmup = min(100, steps // 10)
+
+    def lr_at(s):
+        if s < warmup:
+            return lr * (s + 1) / warmup
+        t = (s - warmup) / max(1, steps - warmup)
+        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    stream = task.problem_stream(seed * 1000 + 7)
+    queue = []
+    n_steps = 20 if args.probe else steps
+    t0 = time.time()
+    tokens = 0
+    curve = []
+    ema = None
+    for step in range(n_steps):
+        if not queue:
+            queue = make_batches(tok, stream, rng, args.batch, 4, args.cut_frac)
+        ids, labels = queue.pop()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        out = model(input_ids=ids, labels=labels, use_cache=False)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens += int((ids != cfg.pad_token_id).sum())
+        loss = float(out.loss.detach())
+        ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+        if routers and (step + 1) % 10 == 0:
+            with torch.no_grad():
+                for r in routers:
+                    ld = loads[id(r)]
+                    r.e_score_correction_bias -= args.bias_gamma * torch.sign(ld - ld.mean())
+                    ld.zero_()
+        if (step + 1) % 25 == 0 or step == n_steps - 1:
+            el = time.time() - t0
+            curve.append({"step": step + 1, "loss_ema": round(ema, 4), "elapsed_s": round(el, 1)})
+            print(f"step {step+1}/{n_steps} loss {loss:.4f} ema {ema:.4f} lr {lr_at(step):.2e} "
+                  f"{tokens/el:.0f} tok/s {el:.0f}s", flush=True)
+    wall = time.time() - t0
+    if args.probe:
+        print(f"probe: {tokens/wall:.0f} tok/s, {wall/n_steps:.2f} s/step", flush=True)
+        return
+    out_dir = os.path.join(args.out, args.model)
+    model.eval()
+    save_model(model, model.config, tok, out_dir)
+    stats = {
+        "model": args.model, "steps": steps, "batch": args.batch, "lr": lr, "seed": seed,
+        "threads": args.threads, "cut_frac": args.cut_frac, "params": params,
+        "train_tokens": tokens, "wall_s": round(wall, 1), "tokens_per_s": round(tokens / wall, 1),
+        "final_loss_ema": round(ema, 4), "curve": curve,
+        "torch": torch.__version__,
+    }
+    with open(os.path.join(out_dir, "train_stats.json"), "w") as f:
+        json.dump(stats, f, indent=1)
+    print(json.dumps({k: v for k, v in stats.items() if k != "curve"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
