@@ -54,7 +54,7 @@ pub fn processed_probs(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
     if n == 0 {
         return out;
     }
-    if is_greedy(p) || !(p.temperature > 0.0) {
+    if is_greedy(p) || p.temperature.is_nan() || p.temperature <= 0.0 {
         out[argmax(logits) as usize] = 1.0;
         return out;
     }

@@ -29,7 +29,7 @@ pub fn sample_from(probs: &[f32], rng: &mut Rng) -> u32 {
     let mass = |p: f32| if p > 0.0 && p.is_finite() { p as f64 } else { 0.0 };
     let u = rng.next_f64();
     let total: f64 = probs.iter().map(|&p| mass(p)).sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return 0;
     }
     let target = u * total;
