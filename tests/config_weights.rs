@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use specmla::config::{ModelConfig, ModelType, ScoringFunc, TopkMethod};
 use specmla::kernels::MatrixData;
 use specmla::weights::{
-    bf16_to_f32, check_tensor_set, expected_tensor_names, f32_to_bf16, fp8_e4m3_to_f32, DType, Loader,
+    bf16_to_f32, check_tensor_set, expected_tensor_names, expected_tensor_shapes, f32_to_bf16, fp8_e4m3_to_f32, DType, Loader,
     WeightSource, WeightStore,
 };
 use specmla::Error;
@@ -628,55 +628,74 @@ fn tiny_v3(extra: Value) -> ModelConfig {
     parse(&v).unwrap()
 }
 
-fn store_of(names: &[String]) -> WeightStore {
-    let ts: Vec<T> = names.iter().map(|n| t_f32(n, &[1], &[0.0])).collect();
+fn store_of(tensors: &[(String, Vec<usize>)]) -> WeightStore {
+    let ts: Vec<T> = tensors
+        .iter()
+        .map(|(n, shape)| t_f32(n, shape, &vec![0.0; shape.iter().product()]))
+        .collect();
     WeightStore::open(WeightSource::Bytes(st_bytes(&ts))).unwrap()
 }
 
 #[test]
 fn tensor_set_check() {
     let c = tiny_v3(json!({}));
-    let mut names = expected_tensor_names(&c);
-    assert!(names.contains(&"model.layers.1.mlp.experts.3.gate_proj.weight".into()));
-    assert!(names.contains(&"model.layers.0.mlp.down_proj.weight".into()));
-    assert_eq!(check_tensor_set(&c, &store_of(&names)).unwrap(), Vec::<String>::new());
+    let mut ts = expected_tensor_shapes(&c);
+    assert_eq!(ts.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), expected_tensor_names(&c));
+    let shape_of = |ts: &[(String, Vec<usize>)], n: &str| ts.iter().find(|(m, _)| m == n).unwrap().1.clone();
+    // hidden 16, heads 2, q_lora 8, kv_lora 8, nope 4, rope 2, v 4, 4 experts of width 8, 1 shared
+    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.q_b_proj.weight"), vec![12, 8]);
+    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), vec![10, 16]);
+    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.kv_b_proj.weight"), vec![16, 8]);
+    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.o_proj.weight"), vec![16, 8]);
+    assert_eq!(shape_of(&ts, "model.layers.0.mlp.down_proj.weight"), vec![16, 24]);
+    assert_eq!(shape_of(&ts, "model.layers.1.mlp.experts.3.gate_proj.weight"), vec![8, 16]);
+    assert_eq!(shape_of(&ts, "model.layers.1.mlp.gate.weight"), vec![4, 16]);
+    assert_eq!(shape_of(&ts, "model.layers.1.mlp.gate.e_score_correction_bias"), vec![4]);
+    assert_eq!(check_tensor_set(&c, &store_of(&ts)).unwrap(), Vec::<String>::new());
 
     // MTP layer 2 tensors are recognised and returned; inv_freq is ignored
     let mtp = ["model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight",
                "model.layers.2.mlp.experts.0.up_proj.weight", "model.layers.2.shared_head.head.weight"];
-    names.extend(mtp.iter().map(|s| s.to_string()));
-    names.push("model.layers.0.self_attn.rotary_emb.inv_freq".into());
-    let got = check_tensor_set(&c, &store_of(&names)).unwrap();
+    ts.extend(mtp.iter().map(|s| (s.to_string(), vec![1])));
+    ts.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), vec![1]));
+    let got = check_tensor_set(&c, &store_of(&ts)).unwrap();
     let mut want: Vec<String> = mtp.iter().map(|s| s.to_string()).collect();
     want.sort();
     assert_eq!(got, want);
 
     // an unexpected tensor (layer past the MTP range, or a stray name) is refused by name
     for stray in ["model.layers.3.enorm.weight", "model.layers.0.self_attn.q_proj.weight", "extra.bias"] {
-        let mut n = names.clone();
-        n.push(stray.into());
+        let mut n = ts.clone();
+        n.push((stray.into(), vec![1]));
         let (name, msg) = tensor_err(check_tensor_set(&c, &store_of(&n)));
         assert_eq!(name, stray);
         assert!(msg.contains("unexpected"), "{msg}");
     }
     // a missing expected tensor is refused by name
-    let n: Vec<String> = names.iter().filter(|s| !s.ends_with("layers.1.mlp.gate.e_score_correction_bias")).cloned().collect();
+    let bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+    let n: Vec<_> = ts.iter().filter(|(s, _)| s != bias).cloned().collect();
+    assert_eq!(tensor_err(check_tensor_set(&c, &store_of(&n))), (bias.to_string(), "missing".to_string()));
+    // a wrong shape is refused by name
+    let n: Vec<_> = ts.iter().map(|(s, sh)| (s.clone(), if s == bias { vec![5] } else { sh.clone() })).collect();
     assert_eq!(
         tensor_err(check_tensor_set(&c, &store_of(&n))),
-        ("model.layers.1.mlp.gate.e_score_correction_bias".to_string(), "missing".to_string())
+        (bias.to_string(), "expected shape [4], found [5]".to_string())
     );
     // without MTP layers configured, layer-2 tensors are unexpected
     let c0 = tiny_v3(json!({"num_nextn_predict_layers": 0}));
-    assert!(tensor_err(check_tensor_set(&c0, &store_of(&names))).1.contains("unexpected"));
+    assert!(tensor_err(check_tensor_set(&c0, &store_of(&ts))).1.contains("unexpected"));
 
     // fp8 config expects _scale_inv siblings; tied embeddings drop lm_head; q_proj when no q-LoRA
     let cq = tiny_v3(json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]},
                             "tie_word_embeddings": true, "q_lora_rank": null}));
-    let nq = expected_tensor_names(&cq);
-    assert!(nq.contains(&"model.layers.0.self_attn.q_proj.weight_scale_inv".into()));
-    assert!(!nq.iter().any(|s| s.contains("q_a_proj") || s == "lm_head.weight"));
-    let (name, _) = tensor_err(check_tensor_set(&cq, &store_of(&names)));
+    let tq = expected_tensor_shapes(&cq);
+    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.q_proj.weight"), vec![12, 16]);
+    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.q_proj.weight_scale_inv"), vec![3, 4]);
+    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv"), vec![3, 4]);
+    assert!(!tq.iter().any(|(s, _)| s.contains("q_a_proj") || s == "lm_head.weight"));
+    let (name, _) = tensor_err(check_tensor_set(&cq, &store_of(&ts)));
     assert!(name.starts_with("model.layers.0."), "{name}");
+    assert!(check_tensor_set(&cq, &store_of(&tq)).is_ok());
 }
 
 /// Golden checkpoints written by the reference implementation (models/golden/*), when present.
@@ -687,6 +706,7 @@ fn golden_checkpoints_pass_tensor_check() {
         eprintln!("no {} — golden tensor-set check skipped", root.display());
         return;
     };
+    let mut checked = 0;
     for d in dirs {
         let d = d.unwrap().path();
         let cfg_path = d.join("config.json");
@@ -696,5 +716,16 @@ fn golden_checkpoints_pass_tensor_check() {
         let cfg = ModelConfig::from_file(&cfg_path).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         let store = WeightStore::open_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         check_tensor_set(&cfg, &store).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        let l = Loader { store: &store, quant: cfg.quantization };
+        for (name, shape) in expected_tensor_shapes(&cfg) {
+            let r = match shape[..] {
+                [n] => l.vector_f32(&name, n).map(|_| ()),
+                [r, c] if !name.ends_with("_scale_inv") => l.matrix(&name, r, c).map(|_| ()),
+                _ => Ok(()),
+            };
+            r.unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        }
+        checked += 1;
     }
+    assert!(checked > 0, "{} holds no checkpoint", root.display());
 }

@@ -1,80 +1,104 @@
 //! The tensor set a configuration implies, and the check of a checkpoint against it.
 //!
-//! Data flow: `ModelConfig` -> [`expected_tensor_names`]; (`ModelConfig`, `WeightStore`) ->
+//! Data flow: `ModelConfig` -> [`expected_tensor_shapes`]; (`ModelConfig`, `WeightStore`) ->
 //! [`check_tensor_set`] before any `model` is built. Guarantees: a store that passes has every
 //! expected tensor and nothing unexplained — the only extra tensors allowed are multi-token-prediction
 //! layers (`model.layers.{L}.*` with `num_hidden_layers <= L < num_hidden_layers +
 //! num_nextn_predict_layers`), which are returned, and known-ignorable buffers (`*.rotary_emb.inv_freq`).
-//! Shapes and dtypes are checked later, tensor by tensor, by the `Loader`.
+//! Shapes of expected tensors are checked too; dtypes are checked tensor by tensor by the `Loader`.
 
 use super::loader::scale_inv_name;
 use super::safetensors_store::WeightStore;
 use crate::config::{ModelConfig, TopkMethod};
 use crate::error::{Error, Result};
 
-/// Names of one decoder layer's tensors, with whether each is a projection that block-fp8
-/// checkpoints quantise (norms, the router gate and its bias are never quantised).
-fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<(String, bool)> {
+/// One expected tensor: name, shape, and whether block-fp8 checkpoints quantise it (norms, the
+/// router gate and its bias, embeddings and `lm_head` are never quantised).
+struct Spec {
+    name: String,
+    shape: Vec<usize>,
+    quantised: bool,
+}
+
+/// One decoder layer's tensors (shapes follow `nn.Linear.weight` = [out_features, in_features]).
+fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
     let p = format!("model.layers.{layer}.");
-    let mut v: Vec<(String, bool)> = Vec::new();
-    let mut add = |s: String, q: bool| v.push((format!("{p}{s}"), q));
-    add("input_layernorm.weight".into(), false);
-    add("post_attention_layernorm.weight".into(), false);
-    if cfg.q_lora_rank.is_some() {
-        add("self_attn.q_a_proj.weight".into(), true);
-        add("self_attn.q_a_layernorm.weight".into(), false);
-        add("self_attn.q_b_proj.weight".into(), true);
-    } else {
-        add("self_attn.q_proj.weight".into(), true);
+    let h = cfg.hidden_size;
+    let heads = cfg.num_attention_heads;
+    let mut v: Vec<Spec> = Vec::new();
+    let mut add = |s: &str, shape: &[usize], quantised: bool| {
+        v.push(Spec { name: format!("{p}{s}"), shape: shape.to_vec(), quantised })
+    };
+    add("input_layernorm.weight", &[h], false);
+    add("post_attention_layernorm.weight", &[h], false);
+    let q_out = heads * cfg.qk_head_dim();
+    match cfg.q_lora_rank {
+        Some(r) => {
+            add("self_attn.q_a_proj.weight", &[r, h], true);
+            add("self_attn.q_a_layernorm.weight", &[r], false);
+            add("self_attn.q_b_proj.weight", &[q_out, r], true);
+        }
+        None => add("self_attn.q_proj.weight", &[q_out, h], true),
     }
-    add("self_attn.kv_a_proj_with_mqa.weight".into(), true);
-    add("self_attn.kv_a_layernorm.weight".into(), false);
-    add("self_attn.kv_b_proj.weight".into(), true);
-    add("self_attn.o_proj.weight".into(), true);
+    add("self_attn.kv_a_proj_with_mqa.weight", &[cfg.kv_cache_dim(), h], true);
+    add("self_attn.kv_a_layernorm.weight", &[cfg.kv_lora_rank], false);
+    add("self_attn.kv_b_proj.weight", &[heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank], true);
+    add("self_attn.o_proj.weight", &[h, heads * cfg.v_head_dim], true);
     match (&cfg.moe, cfg.is_moe_layer(layer)) {
         (Some(m), true) => {
-            add("mlp.gate.weight".into(), false);
+            add("mlp.gate.weight", &[m.n_routed_experts, h], false);
             if m.topk_method == TopkMethod::NoauxTc {
-                add("mlp.gate.e_score_correction_bias".into(), false);
+                add("mlp.gate.e_score_correction_bias", &[m.n_routed_experts], false);
             }
+            let i = m.moe_intermediate_size;
             for e in 0..m.n_routed_experts {
-                for w in ["gate_proj", "up_proj", "down_proj"] {
-                    add(format!("mlp.experts.{e}.{w}.weight"), true);
-                }
+                add(&format!("mlp.experts.{e}.gate_proj.weight"), &[i, h], true);
+                add(&format!("mlp.experts.{e}.up_proj.weight"), &[i, h], true);
+                add(&format!("mlp.experts.{e}.down_proj.weight"), &[h, i], true);
             }
             if m.n_shared_experts > 0 {
-                for w in ["gate_proj", "up_proj", "down_proj"] {
-                    add(format!("mlp.shared_experts.{w}.weight"), true);
-                }
+                let i = i * m.n_shared_experts; // shared experts are one MLP of n_shared x width
+                add("mlp.shared_experts.gate_proj.weight", &[i, h], true);
+                add("mlp.shared_experts.up_proj.weight", &[i, h], true);
+                add("mlp.shared_experts.down_proj.weight", &[h, i], true);
             }
         }
         _ => {
-            for w in ["gate_proj", "up_proj", "down_proj"] {
-                add(format!("mlp.{w}.weight"), true);
-            }
+            let i = cfg.intermediate_size;
+            add("mlp.gate_proj.weight", &[i, h], true);
+            add("mlp.up_proj.weight", &[i, h], true);
+            add("mlp.down_proj.weight", &[h, i], true);
         }
     }
     v
 }
 
-/// Every tensor name the model expects for this config: embeddings, final norm, `lm_head` unless
-/// tied, decoder layers `0..num_hidden_layers` (MoE or dense per `is_moe_layer`, `q_proj` or the
-/// q-LoRA pair), and `<name>_scale_inv` for each quantised projection when the config is fp8.
-/// MTP layers are not included (they are optional for serving).
-pub fn expected_tensor_names(cfg: &ModelConfig) -> Vec<String> {
-    let mut names = vec!["model.embed_tokens.weight".to_string(), "model.norm.weight".to_string()];
+/// Every tensor the model expects for this config, with its shape: embeddings, final norm,
+/// `lm_head` unless tied, decoder layers `0..num_hidden_layers` (MoE or dense per
+/// `is_moe_layer`, `q_proj` or the q-LoRA pair), and `<name>_scale_inv`
+/// ([ceil(rows / block_rows), ceil(cols / block_cols)]) before each quantised projection when the
+/// config is fp8. MTP layers are not included (they are optional for serving).
+pub fn expected_tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".to_string(), vec![h])];
     if !cfg.tie_word_embeddings {
-        names.push("lm_head.weight".into());
+        out.push(("lm_head.weight".into(), vec![v, h]));
     }
     for layer in 0..cfg.num_hidden_layers {
-        for (n, quantised) in layer_tensors(cfg, layer) {
-            if quantised && cfg.quantization.is_some() {
-                names.push(scale_inv_name(&n));
+        for spec in layer_tensors(cfg, layer) {
+            if let (true, Some(q)) = (spec.quantised, cfg.quantization) {
+                let s = vec![spec.shape[0].div_ceil(q.block_rows), spec.shape[1].div_ceil(q.block_cols)];
+                out.push((scale_inv_name(&spec.name), s));
             }
-            names.push(n);
+            out.push((spec.name, spec.shape));
         }
     }
-    names
+    out
+}
+
+/// The names of [`expected_tensor_shapes`], in the same order.
+pub fn expected_tensor_names(cfg: &ModelConfig) -> Vec<String> {
+    expected_tensor_shapes(cfg).into_iter().map(|(n, _)| n).collect()
 }
 
 /// Buffers some exporters write that carry no weights.
@@ -88,17 +112,21 @@ fn layer_index(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-/// Check a store against the config: `Err(Error::Tensor)` for the first missing expected tensor
-/// (in `expected_tensor_names` order), else for the first (sorted) unexpected tensor that is
+/// Check a store against the config: `Err(Error::Tensor)` for the first expected tensor that is
+/// missing or has another shape (in `expected_tensor_shapes` order), else for the first (sorted) unexpected tensor that is
 /// neither an MTP-layer tensor nor ignorable. On success returns the MTP tensor names, sorted.
 pub fn check_tensor_set(cfg: &ModelConfig, store: &WeightStore) -> Result<Vec<String>> {
-    let expected = expected_tensor_names(cfg);
-    for n in &expected {
-        if store.get(n).is_none() {
-            return Err(Error::tensor(n.as_str(), "missing"));
+    let expected = expected_tensor_shapes(cfg);
+    for (n, shape) in &expected {
+        match store.get(n) {
+            None => return Err(Error::tensor(n.as_str(), "missing")),
+            Some(t) if t.shape != &shape[..] => {
+                return Err(Error::tensor(n.as_str(), format!("expected shape {shape:?}, found {:?}", t.shape)))
+            }
+            Some(_) => {}
         }
     }
-    let expected: std::collections::HashSet<&str> = expected.iter().map(|s| s.as_str()).collect();
+    let expected: std::collections::HashSet<&str> = expected.iter().map(|(s, _)| s.as_str()).collect();
     let mtp = cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers;
     let mut mtp_names = Vec::new();
     for n in store.names() {

@@ -12,6 +12,6 @@ mod loader;
 mod safetensors_store;
 
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, fp8_e4m3_to_f32, DType};
-pub use expected::{check_tensor_set, expected_tensor_names};
+pub use expected::{check_tensor_set, expected_tensor_names, expected_tensor_shapes};
 pub use loader::{scale_inv_name, Loader};
 pub use safetensors_store::{TensorView, WeightSource, WeightStore};
