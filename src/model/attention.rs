@@ -23,6 +23,10 @@ use super::batch::SeqChunk;
 use super::rope::Rope;
 use super::weights::Attention;
 
+/// q_a_layernorm and kv_a_layernorm use eps 1e-6 whatever rms_norm_eps says (reference
+/// implementations construct them with the default eps).
+const LORA_NORM_EPS: f32 = 1e-6;
+
 /// Attention for all tokens of a layer. `xn`: [n, hidden] (normalised input); `pos`: [n] absolute
 /// positions; chunks cover the n tokens in order. Returns o_proj output [n, hidden].
 pub(super) fn mla_attention(
@@ -50,7 +54,7 @@ pub(super) fn mla_attention(
         matmul(qa, xn, n, &mut qlat);
         let mut qn = vec![0f32; n * r]; // [n, q_lora]
         for t in 0..n {
-            rms_norm(&qlat[t * r..(t + 1) * r], qa_norm, cfg.rms_norm_eps, &mut qn[t * r..(t + 1) * r]);
+            rms_norm(&qlat[t * r..(t + 1) * r], qa_norm, LORA_NORM_EPS, &mut qn[t * r..(t + 1) * r]);
         }
         matmul(qb, &qn, n, &mut q);
     } else if let Some(qp) = &a.q_proj {
@@ -62,7 +66,7 @@ pub(super) fn mla_attention(
     let mut c_norm = vec![0f32; kvl]; // [kv_lora]
     for t in 0..n {
         let row = &mut ckv[t * kvd..(t + 1) * kvd];
-        rms_norm(&row[..kvl], &a.kv_a_norm, cfg.rms_norm_eps, &mut c_norm);
+        rms_norm(&row[..kvl], &a.kv_a_norm, LORA_NORM_EPS, &mut c_norm);
         row[..kvl].copy_from_slice(&c_norm);
         rope.apply(&mut row[kvl..], pos[t]);
         for h in 0..nh {
