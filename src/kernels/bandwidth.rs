@@ -10,8 +10,8 @@ use rayon::prelude::*;
 
 use super::Isa;
 
-/// f32s per rayon task of the read probe (256 KiB, like a 32-row block of a large bf16 GEMV).
-const READ_CHUNK: usize = 1 << 16;
+/// f32s per rayon task of the read probe (512 KiB, like a 32-row block of a large bf16 GEMV).
+const READ_CHUNK: usize = 1 << 17;
 
 /// Memory-bandwidth probe: best-of-`reps` streaming read of a `bytes`-sized buffer (choose it
 /// well above the last-level cache) using the current rayon pool; returns bytes/second.
@@ -39,21 +39,29 @@ fn read_sum(isa: Isa, c: &[f32]) -> f32 {
     super::lanes::sum_lanes(c)
 }
 
+/// Streams per task: the chunk is read as this many concurrent sequential streams (the way a
+/// GEMV tile reads 8 weight rows), which keeps more cache-line requests in flight than one.
+const STREAMS: usize = 8;
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn read_sum_simd(c: &[f32]) -> f32 {
     use std::arch::x86_64::*;
-    let mut a = [_mm256_setzero_ps(); 4];
+    let q = c.len() / STREAMS / 8 * 8; // f32s per stream, whole vectors
+    let mut a = [_mm256_setzero_ps(); STREAMS];
     let p = c.as_ptr();
     let mut i = 0;
-    while i + 32 <= c.len() {
+    while i < q {
         for (j, aj) in a.iter_mut().enumerate() {
-            *aj = _mm256_add_ps(*aj, _mm256_loadu_ps(p.add(i + j * 8)));
+            *aj = _mm256_add_ps(*aj, _mm256_loadu_ps(p.add(j * q + i)));
         }
-        i += 32;
+        i += 8;
     }
-    let s = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-    super::simd::hsum8(s) + c[i..].iter().sum::<f32>()
+    let mut s = _mm256_setzero_ps();
+    for aj in a {
+        s = _mm256_add_ps(s, aj);
+    }
+    super::simd::hsum8(s) + c[STREAMS * q..].iter().sum::<f32>()
 }
 
 /// Independent FMA chains per thread (enough to cover FMA latency on two pipes).

@@ -5,10 +5,14 @@
 //! Guarantee: each y[t][r] is computed by the fixed sequence of `lanes.rs`, whatever `n_tokens`,
 //! the position of t, the other tokens, the rayon pool, or the row split. Work is cut into fixed
 //! row blocks (rayon tasks when the product is large enough); inside a block:
-//! - n = 1: weights are decoded on the fly, 8 rows (4 for fp8) per register tile (GEMV);
-//! - n > 1: weights are decoded once per column block into an f32 panel, and register tiles of
-//!   `MR` rows x `NR` tokens sweep it; each element's 8-lane accumulator lives in a scratch buffer
-//!   between column blocks (a store/reload is exact, so the order is unchanged).
+//! - n <= `DIRECT_MAX_TOKENS` (decode, speculative verification, small prefill chunks): weights
+//!   are decoded on the fly into register tiles — 8 rows x 1 token (fp8: 4) for GEMV, 4 rows x
+//!   3 tokens (fp8: 2 x 3) otherwise — that keep their accumulators for the whole row;
+//! - larger n (prefill): weights are decoded once per column block into an f32 panel, and
+//!   `MR` x `NR` register tiles sweep it; each element's 8-lane accumulator lives in a scratch
+//!   buffer between column blocks (a store and reload is exact, so the order is unchanged).
+//!
+//! The portable path computes each element alone through `lanes.rs` and is bitwise equal.
 
 use rayon::prelude::*;
 
@@ -17,11 +21,18 @@ use super::{Isa, Matrix, MatrixData};
 
 /// Rows per rayon task (and per scratch block) for one token / several tokens.
 const ROW_BLOCK_GEMV: usize = 32;
-const ROW_BLOCK_GEMM: usize = 16;
+const ROW_BLOCK_GEMM: usize = 64;
 /// Below this many multiply-adds a call runs on the calling thread (no rayon dispatch).
 const PAR_MIN_MACS: usize = 1 << 18;
 /// 8-column chunks per column block of the GEMM panel (non-fp8 weights).
-const KC_CHUNKS: usize = 32;
+const KC_CHUNKS: usize = 16;
+/// Up to this many tokens the weights are decoded on the fly (memory-bound regime); above it
+/// they are decoded once per column block into an f32 panel.
+const DIRECT_MAX_TOKENS: usize = 64;
+/// Tokens per direct-path token block (its x rows stay in L2 while row tiles sweep them).
+const DIRECT_TOKEN_BLOCK: usize = 24;
+/// Tokens per GEMM token block (bounds the accumulator scratch; x slices stay in L2).
+const TOKEN_BLOCK: usize = 48;
 /// Register tile of the GEMM: rows x tokens.
 const MR: usize = 4;
 const NR: usize = 3;
@@ -39,12 +50,9 @@ impl<'a> WRef<'a> {
         match &w.data {
             MatrixData::F32(v) => WRef::F32(v),
             MatrixData::Bf16(v) => WRef::Bf16(v),
-            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => WRef::Fp8 {
-                data,
-                scale_inv,
-                block_rows: *block_rows,
-                block_cols: *block_cols,
-            },
+            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
+                WRef::Fp8 { data, scale_inv, block_rows: *block_rows, block_cols: *block_cols }
+            }
         }
     }
 }
@@ -152,15 +160,17 @@ impl Job<'_> {
                     }
                 }
                 let deq = std::mem::take(&mut s.deq);
-                let sub = Job { isa: self.isa, w: WRef::F32(&deq), cols, x: self.x, n, rb: self.rb };
+                let sub =
+                    Job { isa: self.isa, w: WRef::F32(&deq), cols, x: self.x, n, rb: self.rb };
                 sub.row_block_at(0, r0, out, s);
                 s.deq = deq;
                 return;
             }
-            let rb0 = r0 / block_rows;
-            let rb1 = (r0 + nrows - 1) / block_rows;
-            s.s256.clear();
-            s.s256.extend(scale_inv[rb0 * ncb..(rb1 + 1) * ncb].iter().map(|v| v * lanes::FP8_UNSCALE));
+            s.s256.clear(); // [nrows, ncb]
+            for r in r0..r0 + nrows {
+                let srow = &scale_inv[r / block_rows * ncb..][..ncb];
+                s.s256.extend(srow.iter().map(|v| v * lanes::FP8_UNSCALE));
+            }
         }
         self.row_block_at(r0, r0, out, s);
     }
@@ -176,12 +186,12 @@ impl Job<'_> {
         self.row_block_portable(wr0, r0, out, s);
     }
 
-    /// This row's fp8 scales (times 2^8), from the `s256` scratch filled for block starting r0.
+    /// Row r's fp8 block scales (times 2^8), from the `s256` scratch of the block starting at r0.
     fn fp8_scales<'s>(&self, s256: &'s [f32], r0: usize, r: usize) -> &'s [f32] {
         match self.w {
-            WRef::Fp8 { block_rows, block_cols, .. } => {
+            WRef::Fp8 { block_cols, .. } => {
                 let ncb = self.cols.div_ceil(block_cols);
-                &s256[(r / block_rows - r0 / block_rows) * ncb..][..ncb]
+                &s256[(r - r0) * ncb..][..ncb]
             }
             _ => &[],
         }
@@ -241,76 +251,93 @@ impl Job<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn row_block_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
-        if self.n == 1 {
-            self.gemv_simd(wr0, r0, out, s)
+        if self.n <= DIRECT_MAX_TOKENS {
+            self.direct_simd(wr0, r0, out, s)
         } else {
             self.gemm_simd(wr0, r0, out, s)
         }
     }
 
-    /// n = 1: decode on the fly, 8 rows (fp8: 4) per tile, then the tails.
+    /// Few tokens (memory-bound): decode weights on the fly into register tiles that hold their
+    /// accumulators over the whole row — n = 1: 8 rows (fp8: 4); else 4 rows x 3 tokens
+    /// (fp8: 2 x 3). A row tile's weights are re-read from cache for each token tile.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn gemv_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
-        use super::simd::{gemv_rows, gemv_rows_fp8};
-        let cols = self.cols;
-        let nrows = out.len();
+    unsafe fn direct_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        use super::simd::{direct, direct_fp8};
+        let (n, cols) = (self.n, self.cols);
+        let nrows = out.len() / n;
         let nch = cols / LANES;
         let x = self.x.as_ptr();
-        let mut i = 0;
-        match self.w {
-            WRef::F32(d) => {
-                let p = d.as_ptr().add(wr0 * cols);
-                while i + 8 <= nrows {
-                    let o: &mut [f32; 8] = (&mut out[i..i + 8]).try_into().expect("8 rows");
-                    gemv_rows::<f32, 8>(p.add(i * cols), cols, x, nch, o);
-                    i += 8;
+        let o = out.as_mut_ptr();
+        let fp8 = matches!(self.w, WRef::Fp8 { .. });
+        let mr_max = match (n, fp8) {
+            (1, false) => 8,
+            (1, true) => 4,
+            (_, false) => 4,
+            (_, true) => 2,
+        };
+        for tb0 in (0..n).step_by(DIRECT_TOKEN_BLOCK) {
+            let tb1 = (tb0 + DIRECT_TOKEN_BLOCK).min(n);
+            let mut i0 = 0;
+            while i0 < nrows {
+                let mr = if nrows - i0 >= mr_max { mr_max } else { 1 };
+                let mut t0 = tb0;
+                while t0 < tb1 {
+                    let nr = NR.min(tb1 - t0);
+                    let xp = x.add(t0 * cols);
+                    let op = o.add(i0 * n + t0);
+                    macro_rules! go {
+                    ($p:expr, $ty:ty; $($m:literal, $t:literal);*) => {
+                        match (mr, nr) {
+                            $(($m, $t) => direct::<$ty, $m, $t>($p, cols, xp, cols, nch, op, n),)*
+                            _ => unreachable!("direct tile {mr}x{nr}"),
+                        }
+                    };
                 }
-                for i in i..nrows {
-                    let mut o = [0.0f32; 1];
-                    gemv_rows::<f32, 1>(p.add(i * cols), cols, x, nch, &mut o);
-                    out[i] = o[0];
+                    match self.w {
+                        WRef::F32(d) => {
+                            let p = d.as_ptr().add((wr0 + i0) * cols);
+                            go!(p, f32; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                        }
+                        WRef::Bf16(d) => {
+                            let p = d.as_ptr().add((wr0 + i0) * cols);
+                            go!(p, u16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                        }
+                        WRef::Fp8 { data, block_cols, .. } => {
+                            let p = data.as_ptr().add((wr0 + i0) * cols);
+                            let bch = block_cols / LANES;
+                            let ncb = cols.div_ceil(block_cols);
+                            let sp = s.s256.as_ptr().add(i0 * ncb);
+                            macro_rules! go8 {
+                            ($($m:literal, $t:literal);*) => {
+                                match (mr, nr) {
+                                    $(($m, $t) => direct_fp8::<$m, $t>(p, cols, xp, cols, nch, bch, sp, ncb, op, n),)*
+                                    _ => unreachable!("direct fp8 tile {mr}x{nr}"),
+                                }
+                            };
+                        }
+                            go8!(4, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1)
+                        }
+                    }
+                    t0 += nr;
                 }
-            }
-            WRef::Bf16(d) => {
-                let p = d.as_ptr().add(wr0 * cols);
-                while i + 8 <= nrows {
-                    let o: &mut [f32; 8] = (&mut out[i..i + 8]).try_into().expect("8 rows");
-                    gemv_rows::<u16, 8>(p.add(i * cols), cols, x, nch, o);
-                    i += 8;
-                }
-                for i in i..nrows {
-                    let mut o = [0.0f32; 1];
-                    gemv_rows::<u16, 1>(p.add(i * cols), cols, x, nch, &mut o);
-                    out[i] = o[0];
-                }
-            }
-            WRef::Fp8 { data, block_cols, .. } => {
-                let p = data.as_ptr().add(wr0 * cols);
-                let bch = block_cols / LANES;
-                let sc = |r: usize| self.fp8_scales(&s.s256, r0, r);
-                while i + 4 <= nrows {
-                    let o: &mut [f32; 4] = (&mut out[i..i + 4]).try_into().expect("4 rows");
-                    let scales = [sc(r0 + i), sc(r0 + i + 1), sc(r0 + i + 2), sc(r0 + i + 3)];
-                    gemv_rows_fp8::<4>(p.add(i * cols), cols, x, nch, bch, scales, o);
-                    i += 4;
-                }
-                for i in i..nrows {
-                    let mut o = [0.0f32; 1];
-                    gemv_rows_fp8::<1>(p.add(i * cols), cols, x, nch, bch, [sc(r0 + i)], &mut o);
-                    out[i] = o[0];
-                }
+                i0 += mr;
             }
         }
         if cols % LANES != 0 {
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = self.tail(wr0 + i, self.fp8_scales(&s.s256, r0, r0 + i), 0, *o);
+            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
+                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
+                for (t, v) in orow.iter_mut().enumerate() {
+                    *v = self.tail(wr0 + i, sc, t, *v);
+                }
             }
         }
     }
 
-    /// n > 1: per column block decode an f32 panel, sweep MR x NR register tiles over it with
-    /// accumulators in `s.acc`, then lane-sum and tail every element.
+    /// Many tokens (compute-bound): per token block and column block, decode an f32 panel and
+    /// sweep MR x NR register tiles over it with accumulators in `s.acc`; then lane-sum and tail
+    /// every element.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn gemm_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
@@ -322,30 +349,33 @@ impl Job<'_> {
             WRef::Fp8 { block_cols, .. } => (block_cols / LANES, true),
             _ => (KC_CHUNKS, false),
         };
-        s.acc.clear();
-        s.acc.resize(nrows * n * LANES, 0.0); // [nrows, n, 8]
         s.panel.resize(nrows * kc * LANES, 0.0); // [nrows, kc * 8]
         let x = self.x.as_ptr();
-        let acc = s.acc.as_mut_ptr();
-        let mut c0 = 0;
-        let mut b = 0;
-        while c0 < nch {
-            let nc = kc.min(nch - c0);
-            let (wp, ws) = match self.w {
-                WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
-                WRef::Bf16(d) => {
-                    to_panel::<u16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
-                    (s.panel.as_ptr(), nc * LANES)
-                }
-                WRef::Fp8 { data, .. } => {
-                    to_panel::<u8>(data.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
-                    (s.panel.as_ptr(), nc * LANES)
-                }
-            };
-            let mut t0 = 0;
-            while t0 < n {
-                let nr = NR.min(n - t0);
-                let xp = x.add(t0 * cols + c0 * LANES);
+        let mut tb0 = 0;
+        while tb0 < n {
+            let nb = TOKEN_BLOCK.min(n - tb0);
+            s.acc.clear();
+            s.acc.resize(nrows * nb * LANES, 0.0); // [nrows, nb, 8]
+            let acc = s.acc.as_mut_ptr();
+            let mut c0 = 0;
+            let mut b = 0;
+            while c0 < nch {
+                let nc = kc.min(nch - c0);
+                let (wp, ws) = match self.w {
+                    WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
+                    WRef::Bf16(d) => {
+                        let p = d.as_ptr().add(wr0 * cols + c0 * LANES);
+                        to_panel::<u16>(p, cols, nrows, nc, &mut s.panel);
+                        (s.panel.as_ptr(), nc * LANES)
+                    }
+                    WRef::Fp8 { data, .. } => {
+                        let p = data.as_ptr().add(wr0 * cols + c0 * LANES);
+                        to_panel::<u8>(p, cols, nrows, nc, &mut s.panel);
+                        (s.panel.as_ptr(), nc * LANES)
+                    }
+                };
+                // Row tile outer: its KC-wide weights stay in L1 while the token tiles of the
+                // block (x slice [nb, KC], also L1-sized) sweep past.
                 let mut i0 = 0;
                 while i0 < nrows {
                     let mr = MR.min(nrows - i0);
@@ -356,23 +386,28 @@ impl Job<'_> {
                         }
                     }
                     let scales = if fp8 { Some(&sc[..]) } else { None };
-                    let wpi = wp.add(i0 * ws);
-                    let m = acc.add((i0 * n + t0) * LANES);
-                    tile_dyn(mr, nr, wpi, ws, xp, cols, nc, m, n, scales);
+                    let mut t0 = 0;
+                    while t0 < nb {
+                        let nr = NR.min(nb - t0);
+                        let xp = x.add((tb0 + t0) * cols + c0 * LANES);
+                        let m = acc.add((i0 * nb + t0) * LANES);
+                        tile_dyn(mr, nr, wp.add(i0 * ws), ws, xp, cols, nc, m, nb, scales);
+                        t0 += nr;
+                    }
                     i0 += mr;
                 }
-                t0 += nr;
+                c0 += nc;
+                b += 1;
             }
-            c0 += nc;
-            b += 1;
-        }
-        for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-            let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-            for (t, o) in orow.iter_mut().enumerate() {
-                let a: &[f32; LANES] =
-                    s.acc[(i * n + t) * LANES..][..LANES].try_into().expect("8 lanes");
-                *o = self.tail(wr0 + i, sc, t, lanes::hsum8(a));
+            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
+                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
+                for (t, o) in orow.iter_mut().enumerate().skip(tb0).take(nb) {
+                    let a: &[f32; LANES] =
+                        s.acc[(i * nb + t - tb0) * LANES..][..LANES].try_into().expect("8 lanes");
+                    *o = self.tail(wr0 + i, sc, t, lanes::hsum8(a));
+                }
             }
+            tb0 += nb;
         }
     }
 }

@@ -120,53 +120,68 @@ pub(crate) unsafe fn tile_mem<const MR: usize, const NR: usize>(
     }
 }
 
-/// n = 1 over a row slab of f32 or bf16 weights: MR rows at a time, full chunks only; writes the
-/// lane-summed (pre-tail) value of each row to `out[i]`.
+/// Direct tile (weights decoded on the fly, accumulators kept in registers over all `nchunks`):
+/// MR rows x NR tokens of f32 / bf16 weights. Writes each element's lane-summed (pre-tail) value
+/// to `out[i * on + j]`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_rows<T: WLoad, const MR: usize>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn direct<T: WLoad, const MR: usize, const NR: usize>(
     w: *const T,
     ws: usize,
     x: *const f32,
+    xs: usize,
     nchunks: usize,
-    out: &mut [f32; MR],
+    out: *mut f32,
+    on: usize,
 ) {
-    let mut a = [[_mm256_setzero_ps(); 1]; MR];
-    tile::<T, MR, 1>(w, ws, x, 0, nchunks, &mut a);
-    for i in 0..MR {
-        out[i] = hsum8(a[i][0]);
+    let mut a = [[_mm256_setzero_ps(); NR]; MR];
+    tile::<T, MR, NR>(w, ws, x, xs, nchunks, &mut a);
+    for (i, ai) in a.iter().enumerate() {
+        for (j, v) in ai.iter().enumerate() {
+            *out.add(i * on + j) = hsum8(*v);
+        }
     }
 }
 
-/// n = 1 over MR rows of fp8 weights with `block_chunks` chunks per column block:
-/// per block a fresh tile, folded in with that block's scale (already times 2^8) for each row.
-/// `scales[i]` is row i's list of block scales. Writes the lane-summed (pre-tail) values.
+/// Direct tile over fp8 weights with `block_chunks` chunks per column block: per block a fresh
+/// register tile, folded in as `total = fma(scale, blk, total)` with row i's scale
+/// `scales[i * ss + b]` (already times 2^8). Output as in [`direct`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn gemv_rows_fp8<const MR: usize>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn direct_fp8<const MR: usize, const NR: usize>(
     w: *const u8,
     ws: usize,
     x: *const f32,
+    xs: usize,
     nchunks: usize,
     block_chunks: usize,
-    scales: [&[f32]; MR],
-    out: &mut [f32; MR],
+    scales: *const f32,
+    ss: usize,
+    out: *mut f32,
+    on: usize,
 ) {
-    let mut total = [_mm256_setzero_ps(); MR];
+    let mut total = [[_mm256_setzero_ps(); NR]; MR];
     let mut c0 = 0;
     let mut b = 0;
     while c0 < nchunks {
         let c1 = (c0 + block_chunks).min(nchunks);
-        let mut blk = [[_mm256_setzero_ps(); 1]; MR];
-        tile::<u8, MR, 1>(w.add(c0 * 8), ws, x.add(c0 * 8), 0, c1 - c0, &mut blk);
+        let mut blk = [[_mm256_setzero_ps(); NR]; MR];
+        tile::<u8, MR, NR>(w.add(c0 * 8), ws, x.add(c0 * 8), xs, c1 - c0, &mut blk);
         for i in 0..MR {
-            total[i] = _mm256_fmadd_ps(_mm256_set1_ps(scales[i][b]), blk[i][0], total[i]);
+            let s = _mm256_set1_ps(*scales.add(i * ss + b));
+            for j in 0..NR {
+                total[i][j] = _mm256_fmadd_ps(s, blk[i][j], total[i][j]);
+            }
         }
         c0 = c1;
         b += 1;
     }
-    for i in 0..MR {
-        out[i] = hsum8(total[i]);
+    for (i, ti) in total.iter().enumerate() {
+        for (j, v) in ti.iter().enumerate() {
+            *out.add(i * on + j) = hsum8(*v);
+        }
     }
 }
 
@@ -174,7 +189,13 @@ pub(crate) unsafe fn gemv_rows_fp8<const MR: usize>(
 /// `nchunks * 8`), using the same per-type decode as the kernels.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn to_panel<T: WLoad>(w: *const T, ws: usize, rows: usize, nchunks: usize, panel: &mut [f32]) {
+pub(crate) unsafe fn to_panel<T: WLoad>(
+    w: *const T,
+    ws: usize,
+    rows: usize,
+    nchunks: usize,
+    panel: &mut [f32],
+) {
     let kc = nchunks * 8;
     assert!(panel.len() >= rows * kc, "panel too small");
     let p = panel.as_mut_ptr();
