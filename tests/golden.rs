@@ -122,7 +122,7 @@ fn quantised_kv_caches_stay_close() {
     let model = Model::load_dir(&dir).unwrap();
     let vocab = model.config.vocab_size;
     let (ids, reference) = golden_reference(&dir).remove(0);
-    for (dt, bound) in [(KvDtype::Bf16, 0.05f32), (KvDtype::F16, 0.01), (KvDtype::Fp8E4M3, 1.0)] {
+    for (dt, bound, min_agree) in [(KvDtype::Bf16, 0.05f32, 0.8), (KvDtype::F16, 0.01, 0.8), (KvDtype::Fp8E4M3, 1.0, 0.6)] {
         let mut kv = kv_for(&model, dt, 64);
         let got = run_chunked(&model, &mut kv, &ids, 1, 0);
         let mut row_err: Vec<f32> = got.chunks(vocab).zip(reference.chunks(vocab)).map(|(a, b)| max_abs_diff(a, b)).collect();
@@ -134,6 +134,6 @@ fn quantised_kv_caches_stay_close() {
         row_err.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let median = row_err[row_err.len() / 2];
         assert!(median < bound, "{dt:?}: median row max-diff {median}");
-        assert!(agree * 10 >= ids.len() * 8, "{dt:?}: argmax agrees on {agree}/{}", ids.len());
+        assert!(agree as f64 >= min_agree * ids.len() as f64, "{dt:?}: argmax agrees on {agree}/{}", ids.len());
     }
 }
