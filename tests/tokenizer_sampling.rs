@@ -434,3 +434,38 @@ fn stop_string_over_streamed_tokens() {
     let upto = stopped_at.unwrap();
     assert!(tok.decode(&ids[..=upto], false).unwrap().ends_with("🌍 w"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The trained tokenizer of the bundled models
+// ---------------------------------------------------------------------------------------------
+
+/// The tokenizer trained for the bundled mod-10 reasoning models (see tools/train): round-trips
+/// task text, streams it exactly, and has `<think>` / `</think>` as special tokens. Every bundled
+/// model directory that has a tokenizer.json is checked, and all must share one vocabulary
+/// (a draft and its target must). Reports and skips when no bundled model is present yet.
+#[test]
+fn bundled_trained_tokenizer() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+    let text = "<bos>Q: Let x=3. Evaluate mod 10: a+4, b-7 c+0<think>a+4:3+4=7;b-7:7-7=0;c+0:0+0=0;\
+                </think>The answer is 0.<eos>";
+    let mut fingerprints = Vec::new();
+    for name in ["target", "draft-weak", "draft"] {
+        let Some(tok) = Tokenizer::from_model_dir(&root.join(name)).unwrap() else { continue };
+        let think = tok.token_to_id("<think>").expect("<think> in vocab");
+        let end = tok.token_to_id("</think>").expect("</think> in vocab");
+        let specials: Vec<u32> = tok.special_token_ids().into_iter().map(|(_, id)| id).collect();
+        assert!(specials.contains(&think) && specials.contains(&end), "{name}: {specials:?}");
+        let ids = tok.encode(text, false).unwrap();
+        assert!(ids.contains(&think) && ids.contains(&end), "{name}");
+        assert_eq!(tok.decode(&ids, false).unwrap(), text, "{name}");
+        let (deltas, tail) = stream(&tok, &ids, false);
+        assert_eq!(deltas.concat() + &tail, text, "{name}");
+        let (deltas, tail) = stream(&tok, &ids, true);
+        assert_eq!(deltas.concat() + &tail, tok.decode(&ids, true).unwrap(), "{name}");
+        fingerprints.push((name, tok.vocab_fingerprint()));
+    }
+    if fingerprints.is_empty() {
+        eprintln!("bundled_trained_tokenizer: no models/*/tokenizer.json present; nothing checked");
+    }
+    assert!(fingerprints.windows(2).all(|w| w[0].1 == w[1].1), "{fingerprints:?}");
+}
