@@ -12,6 +12,7 @@
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod ffi;
 pub mod kernels;
 pub mod kv;
 pub mod model;
