@@ -198,6 +198,13 @@ mod tests {
     }"#;
 
     #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Tokenizer>();
+        assert_send_sync::<StreamDecoder>();
+    }
+
+    #[test]
     fn fnv_matches_reference_vectors() {
         // Published FNV-1a 64 test vectors.
         let mut h = Fnv64::new();
