@@ -1,0 +1,3 @@
+module specmla
+
+go 1.22

@@ -1,0 +1,240 @@
+package specmla
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Test models come from the environment (see the root Makefile's test-bindings).
+type setup struct {
+	target, draft, draft2, prompt string
+	ids, think                    []uint32
+	maxTokens                     uint32
+	budget                        int64
+}
+
+func env(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func idsOf(s string) []uint32 {
+	var out []uint32
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			v, _ := strconv.ParseUint(f, 10, 32)
+			out = append(out, uint32(v))
+		}
+	}
+	return out
+}
+
+func load(t *testing.T) setup {
+	root := "../../"
+	s := setup{
+		target: env("SPECMLA_TARGET", root+"models/golden/v3_yarn"),
+		draft:  env("SPECMLA_DRAFT", root+"models/golden/v3_bf16"),
+		prompt: os.Getenv("SPECMLA_PROMPT"),
+		ids:    idsOf(env("SPECMLA_PROMPT_IDS", "5,17,42,7,99,3,1")),
+		think:  idsOf(os.Getenv("SPECMLA_THINK_IDS")),
+	}
+	s.draft2 = env("SPECMLA_DRAFT2", s.draft)
+	mt, _ := strconv.Atoi(env("SPECMLA_MAX_TOKENS", "24"))
+	s.maxTokens = uint32(mt)
+	s.budget, _ = strconv.ParseInt(env("SPECMLA_BUDGET", "6"), 10, 64)
+	return s
+}
+
+func (s setup) opts(speculate bool, budget int64) RequestOptions {
+	o := DefaultRequestOptions()
+	o.MaxTokens = s.maxTokens
+	o.Speculate = speculate
+	o.ReasoningBudget = budget
+	if len(s.think) == 2 {
+		o.ThinkStart, o.ThinkEnd = s.think[:1], s.think[1:]
+	}
+	return o
+}
+
+func (s setup) engine(t *testing.T) *Engine {
+	o := DefaultEngineOptions()
+	o.Threads, o.KVNumBlocks, o.DraftKVNumBlocks = 2, 256, 256
+	e, err := NewEngine(s.target, s.draft, o)
+	if err != nil {
+		t.Fatalf("NewEngine: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+func (s setup) run(t *testing.T, e *Engine, speculate bool, budget int64) Output {
+	out, err := e.Generate(s.ids, s.prompt, s.opts(speculate, budget))
+	if err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return out
+}
+
+func TestSpeculativeGreedyEqualsPlainAndCLI(t *testing.T) {
+	s := load(t)
+	e := s.engine(t)
+	a := s.run(t, e, true, -1)
+	b := s.run(t, e, false, -1)
+	if len(a.Tokens) == 0 || !reflect.DeepEqual(a.Tokens, b.Tokens) || a.Text != b.Text {
+		t.Fatalf("speculative %v %q != plain %v %q", a.Tokens, a.Text, b.Tokens, b.Text)
+	}
+	if a.Counters.DraftedTokens == 0 || a.Counters.AcceptedTokens > a.Counters.DraftedTokens {
+		t.Fatalf("bad counters %+v", a.Counters)
+	}
+	if p := os.Getenv("SPECMLA_EXPECTED_JSON"); p != "" {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exp struct {
+			Text     string   `json:"text"`
+			TokenIDs []uint32 `json:"token_ids"`
+		}
+		if err := json.Unmarshal([]byte(strings.SplitN(string(raw), "\n", 2)[0]), &exp); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(exp.TokenIDs, a.Tokens) || exp.Text != a.Text {
+			t.Fatalf("CLI output %v %q != Go %v %q", exp.TokenIDs, exp.Text, a.Tokens, a.Text)
+		}
+	}
+}
+
+func TestReasoningBudgetCounters(t *testing.T) {
+	s := load(t)
+	e := s.engine(t)
+	c := s.run(t, e, true, s.budget)
+	d := s.run(t, e, false, s.budget)
+	if !reflect.DeepEqual(c.Tokens, d.Tokens) {
+		t.Fatalf("budgeted speculative %v != plain %v", c.Tokens, d.Tokens)
+	}
+	k := c.Counters
+	if k.ReasoningTokens > uint64(s.budget) || k.AcceptedTokens > k.DraftedTokens {
+		t.Fatalf("bad counters %+v", k)
+	}
+	var acc uint64
+	for _, v := range k.AcceptedPerPosition {
+		acc += v
+	}
+	if acc != k.AcceptedTokens || len(k.AcceptedPerPosition) > MaxDraftPositions {
+		t.Fatalf("per-position %v does not sum to %d", k.AcceptedPerPosition, k.AcceptedTokens)
+	}
+}
+
+func TestDraftSwapMidRun(t *testing.T) {
+	s := load(t)
+	e := s.engine(t)
+	ref := s.run(t, e, true, -1)
+	var id uint64
+	var err error
+	if s.prompt != "" {
+		id, err = e.SubmitText(s.prompt, s.opts(true, -1))
+	} else {
+		id, err = e.Submit(s.ids, s.opts(true, -1))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint32
+	done := false
+	pump := func() {
+		evs, err := e.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.RequestID == id {
+				got = append(got, ev.Tokens...)
+				done = done || ev.Finish != FinishNone
+			}
+		}
+	}
+	pump()
+	pump()
+	if _, err := e.SetDraftWeights("/nonexistent/draft.safetensors", true); err == nil {
+		t.Fatal("bad weights accepted")
+	} else {
+		var se *Error
+		if !errors.As(err, &se) || !strings.Contains(se.Msg, "nonexistent") {
+			t.Fatalf("unexpected error %v", err)
+		}
+	}
+	if _, err := e.SetDraftWeightsBytes([]byte("not safetensors"), true); err == nil {
+		t.Fatal("garbage bytes accepted")
+	}
+	ticket, err := e.SetDraftWeights(s.draft2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for !done {
+		pump()
+	}
+	if !reflect.DeepEqual(got, ref.Tokens) {
+		t.Fatalf("after swap %v != %v", got, ref.Tokens)
+	}
+	if st, gen, _, err := e.SwapStatus(ticket); err != nil || st != SwapApplied || gen == 0 {
+		t.Fatalf("swap status %v %d %v", st, gen, err)
+	}
+	t2, _ := e.SetDraftWeights(s.draft, false)
+	t3, _ := e.SetDraftWeights("/nonexistent/dir", false)
+	var st2, st3 SwapState
+	var why string
+	for i := 0; i < 2000; i++ {
+		st2, _, _, _ = e.SwapStatus(t2)
+		st3, _, why, _ = e.SwapStatus(t3)
+		if st2 != SwapPending && st3 != SwapPending {
+			break
+		}
+		if _, err := e.Step(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if st2 != SwapApplied || st3 != SwapFailed || why == "" {
+		t.Fatalf("async swaps: %v %v %q", st2, st3, why)
+	}
+	if again := s.run(t, e, true, -1); !reflect.DeepEqual(again.Tokens, ref.Tokens) {
+		t.Fatalf("after swap back %v != %v", again.Tokens, ref.Tokens)
+	}
+	if st, err := e.Stats(); err != nil || st.DraftGeneration < 2 || !st.HasDrafter {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
+
+func TestErrorsAndClose(t *testing.T) {
+	s := load(t)
+	if _, err := NewEngine("/nonexistent/model", "", DefaultEngineOptions()); err == nil {
+		t.Fatal("missing model accepted")
+	}
+	e := s.engine(t)
+	o := s.opts(true, -5)
+	if _, err := e.Submit(s.ids, o); err == nil {
+		t.Fatal("budget -5 accepted")
+	} else if se := err.(*Error); se.Status != ErrInvalidArgument {
+		t.Fatalf("want invalid argument, got %v", err)
+	}
+	if err := e.Cancel(987654); err == nil || err.(*Error).Status != ErrUnknownRequest {
+		t.Fatalf("cancel unknown: %v", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := e.Step(); err == nil || err.(*Error).Status != ErrInvalidHandle {
+		t.Fatalf("step after Close: %v", err)
+	}
+}
