@@ -52,6 +52,8 @@ pub(crate) struct Core {
     pub admitted: u64,
     /// Counters of requests that finished (summed).
     pub finished_totals: Counters,
+    /// Final counters of requests retired since the engine last published them.
+    pub retired: Vec<(u64, Counters)>,
 }
 
 impl Core {
@@ -367,6 +369,7 @@ impl Core {
         r.counters.reasoning_tokens = r.budget.reasoning as u64;
         r.counters.answer_tokens = r.budget.answer as u64;
         self.finished_totals.add(&r.counters);
+        self.retired.push((r.id, r.counters.clone()));
     }
 
     /// Cancel a request wherever it is; returns its final event, or an error if unknown.

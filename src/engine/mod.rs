@@ -7,6 +7,7 @@
 //! steps. `step` itself is serialised (one at a time).
 
 mod core;
+pub mod score;
 pub mod request;
 mod swap;
 
@@ -104,6 +105,28 @@ pub struct EngineStats {
     pub drafter: String,
 }
 
+/// Counters readable without the step lock: live requests, and the most recent finished ones.
+#[derive(Default)]
+struct CounterBook {
+    live: HashMap<u64, Counters>,
+    finished: HashMap<u64, Counters>,
+    order: VecDeque<u64>,
+}
+
+impl CounterBook {
+    /// Finished requests whose counters stay readable.
+    const KEEP_FINISHED: usize = 65536;
+    fn finish(&mut self, id: u64, c: Counters) {
+        self.finished.insert(id, c);
+        self.order.push_back(id);
+        while self.order.len() > Self::KEEP_FINISHED {
+            if let Some(old) = self.order.pop_front() {
+                self.finished.remove(&old);
+            }
+        }
+    }
+}
+
 enum Command {
     Submit(Box<ReqState>),
     Cancel(u64),
@@ -128,7 +151,7 @@ pub struct Engine {
     rx: Receiver<Command>,
     next_id: AtomicU64,
     live: Mutex<HashSet<u64>>,
-    counters: Mutex<HashMap<u64, Counters>>,
+    counters: Mutex<CounterBook>,
     swaps: swap::Swaps,
     pool: rayon::ThreadPool,
     cfg: EngineConfig,
@@ -213,6 +236,7 @@ impl Engine {
             time_draft_s: 0.0,
             admitted: 0,
             finished_totals: Counters::default(),
+            retired: Vec::new(),
         };
         let (tx, rx) = unbounded();
         Ok(Engine {
@@ -222,7 +246,7 @@ impl Engine {
             rx,
             next_id: AtomicU64::new(1),
             live: Mutex::new(HashSet::new()),
-            counters: Mutex::new(HashMap::new()),
+            counters: Mutex::new(CounterBook::default()),
             swaps: swap::Swaps::default(),
             pool,
             cfg,
@@ -355,7 +379,11 @@ impl Engine {
             let mut c = r.counters.clone();
             c.reasoning_tokens = r.budget.reasoning as u64;
             c.answer_tokens = r.budget.answer as u64;
-            snap.insert(r.id, c);
+            snap.live.insert(r.id, c);
+        }
+        for (id, c) in core.retired.drain(..) {
+            snap.live.remove(&id);
+            snap.finish(id, c);
         }
         let mut live = self.live.lock().expect("live lock");
         for ev in &events {
@@ -368,7 +396,8 @@ impl Engine {
 
     /// Counters of a request (running, waiting or finished).
     pub fn request_counters(&self, id: u64) -> Result<Counters> {
-        self.counters.lock().expect("counters lock").get(&id).cloned().ok_or(Error::UnknownRequest(id))
+        let book = self.counters.lock().expect("counters lock");
+        book.live.get(&id).or_else(|| book.finished.get(&id)).cloned().ok_or(Error::UnknownRequest(id))
     }
 
     /// Engine-wide statistics (waits for a running step).

@@ -1,0 +1,261 @@
+//! `specmla generate`: one prompt streamed, or a prompts file run as one continuous batch.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+
+use specmla::engine::{DraftSource, Engine, EngineConfig, Prompt, Request};
+use specmla::kv::KvDtype;
+use specmla::sampling::SamplingParams;
+use specmla::spec::SpecMode;
+use specmla::{Error, Result};
+
+#[derive(Args, Clone)]
+pub struct GenerateArgs {
+    /// Target model directory (config.json + safetensors [+ tokenizer.json]).
+    #[arg(long, default_value = "models/target")]
+    pub model: PathBuf,
+    /// Draft model directory (speculative decoding).
+    #[arg(long, conflicts_with = "ngram")]
+    pub draft: Option<PathBuf>,
+    /// Use the n-gram (prompt lookup) proposer instead of a draft model.
+    #[arg(long)]
+    pub ngram: bool,
+    /// Draft tokens per step (the maximum with --adaptive).
+    #[arg(long, default_value_t = 4)]
+    pub num_draft_tokens: usize,
+    /// Choose the draft length per request per step from measured acceptance and costs.
+    #[arg(long)]
+    pub adaptive: bool,
+    /// Maximum committed thinking tokens (omit for unlimited).
+    #[arg(long, allow_negative_numbers = true)]
+    pub reasoning_budget: Option<i64>,
+    /// Prompt text (repeatable).
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// File with one prompt per line.
+    #[arg(long)]
+    pub prompts_file: Option<PathBuf>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long)]
+    pub token_ids: Option<String>,
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Stop token id (repeatable).
+    #[arg(long)]
+    pub stop_token_id: Vec<u32>,
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object per prompt instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Include target log-probs of the committed tokens in the JSON.
+    #[arg(long)]
+    pub logprobs: bool,
+    /// Target KV cache dtype: f32, bf16, f16, fp8_e4m3.
+    #[arg(long, default_value = "bf16")]
+    pub kv_dtype: String,
+    /// Draft KV cache dtype (auto = the target's).
+    #[arg(long, default_value = "auto")]
+    pub draft_kv_dtype: String,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV pool size in blocks (target; the draft gets the same).
+    #[arg(long, default_value_t = 4096)]
+    pub num_blocks: usize,
+    /// Per-step token budget (prefill chunking).
+    #[arg(long, default_value_t = 512)]
+    pub max_batch_tokens: usize,
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+    /// Swap the drafter after N engine steps: N=DIR (DIR may be `none` or `ngram`); repeatable.
+    #[arg(long)]
+    pub swap_draft_after: Vec<String>,
+}
+
+pub fn draft_source(s: &str) -> DraftSource {
+    match s {
+        "none" => DraftSource::None,
+        "ngram" => DraftSource::Ngram { min_n: 1, max_n: 4 },
+        d => DraftSource::Dir(PathBuf::from(d)),
+    }
+}
+
+pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
+    let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
+    let draft_kv_dtype = if a.draft_kv_dtype == "auto" { None } else { Some(KvDtype::parse(&a.draft_kv_dtype)?) };
+    Ok(EngineConfig {
+        threads: a.threads,
+        kv_dtype,
+        draft_kv_dtype,
+        block_size: a.block_size,
+        num_blocks: a.num_blocks,
+        draft_num_blocks: a.num_blocks,
+        max_batch_tokens: a.max_batch_tokens,
+        max_running: a.max_running,
+        prefix_cache: !a.no_prefix_cache,
+        spec: if a.adaptive { SpecMode::Adaptive { k_max: a.num_draft_tokens } } else { SpecMode::Fixed(a.num_draft_tokens) },
+    })
+}
+
+pub fn build_requests(a: &GenerateArgs) -> Result<Vec<Request>> {
+    let budget = match a.reasoning_budget {
+        Some(b) if b < 0 => return Err(Error::InvalidArgument(format!("--reasoning-budget must be >= 0, got {b}"))),
+        b => b.map(|b| b as usize),
+    };
+    let mut prompts: Vec<Prompt> = a.prompt.iter().map(|p| Prompt::Text(p.clone())).collect();
+    if let Some(f) = &a.prompts_file {
+        let text = std::fs::read_to_string(f).map_err(|e| Error::Io { path: f.clone(), source: e })?;
+        prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(|l| Prompt::Text(l.to_string())));
+    }
+    if let Some(ids) = &a.token_ids {
+        let ids = ids
+            .split(',')
+            .map(|s| s.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("bad token id `{s}`"))))
+            .collect::<Result<Vec<_>>>()?;
+        prompts.push(Prompt::Tokens(ids));
+    }
+    if prompts.is_empty() {
+        return Err(Error::InvalidArgument("give --prompt, --prompts-file or --token-ids".into()));
+    }
+    let sampling = SamplingParams {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+        max_tokens: a.max_tokens,
+        stop_token_ids: a.stop_token_id.clone(),
+        stop_strings: a.stop.clone(),
+        ignore_eos: a.ignore_eos,
+    };
+    Ok(prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut r = Request::new(p);
+            r.sampling = SamplingParams { seed: sampling.seed.wrapping_add(i as u64), ..sampling.clone() };
+            r.reasoning_budget = budget;
+            r.logprobs = a.logprobs;
+            r
+        })
+        .collect())
+}
+
+fn parse_swaps(a: &GenerateArgs) -> Result<Vec<(u64, DraftSource)>> {
+    let mut v = a
+        .swap_draft_after
+        .iter()
+        .map(|s| {
+            let (n, d) = s.split_once('=').ok_or_else(|| Error::InvalidArgument(format!("--swap-draft-after wants N=DIR, got `{s}`")))?;
+            let n = n.parse::<u64>().map_err(|_| Error::InvalidArgument(format!("bad step count in `{s}`")))?;
+            Ok((n, draft_source(d)))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    v.sort_by_key(|x| x.0);
+    Ok(v)
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let cfg = engine_config(&a)?;
+    let draft = match (&a.draft, a.ngram) {
+        (Some(d), _) => DraftSource::Dir(d.clone()),
+        (None, true) => DraftSource::Ngram { min_n: 1, max_n: 4 },
+        _ => DraftSource::None,
+    };
+    let reqs = build_requests(&a)?;
+    let mut swaps = parse_swaps(&a)?;
+    swaps.reverse();
+    let engine = Engine::new(&a.model, draft, cfg)?;
+    let stream = !a.json && reqs.len() == 1;
+    let n = reqs.len();
+    let mut ids = Vec::with_capacity(n);
+    for r in reqs {
+        ids.push(engine.submit(r)?);
+    }
+    let mut outs: Vec<(String, Vec<u32>, Vec<f32>, String)> = vec![Default::default(); n];
+    let mut open = n;
+    let mut steps = 0u64;
+    let stdout = std::io::stdout();
+    while open > 0 {
+        while let Some((at, _)) = swaps.last() {
+            if *at > steps {
+                break;
+            }
+            let (_, src) = swaps.pop().expect("swap");
+            match engine.set_draft_weights_blocking(src) {
+                Ok(_) => {}
+                Err(e) => eprintln!("specmla: draft swap refused (old draft keeps serving): {e}"),
+            }
+        }
+        for ev in engine.step()? {
+            let i = ids.iter().position(|&x| x == ev.id).expect("own request");
+            let o = &mut outs[i];
+            o.0.push_str(&ev.text);
+            o.1.extend_from_slice(&ev.tokens);
+            o.2.extend_from_slice(&ev.logprobs);
+            if stream {
+                let mut lock = stdout.lock();
+                let _ = lock.write_all(ev.text.as_bytes());
+                let _ = lock.flush();
+            }
+            if let Some(f) = ev.finish {
+                if let specmla::engine::FinishReason::Error(m) = &f {
+                    eprintln!("specmla: request {} failed: {m}", ev.id);
+                }
+                o.3 = f.as_str().to_string();
+                open -= 1;
+            }
+        }
+        steps += 1;
+    }
+    if stream {
+        println!();
+    }
+    let stats = engine.stats();
+    for (i, id) in ids.iter().enumerate() {
+        let c = engine.request_counters(*id)?;
+        let (text, toks, lps, fin) = &outs[i];
+        if a.json {
+            let mut v = json!({"text": text, "token_ids": toks, "finish_reason": fin, "counters": c});
+            if a.logprobs {
+                v["logprobs"] = json!(lps);
+            }
+            println!("{v}");
+        } else if !stream {
+            println!("{text}");
+        }
+        if !a.json {
+            eprintln!(
+                "[{}] {} tokens, finish={}, reasoning={} answer={} drafted={} accepted={} forced_end={} saved={}",
+                id, toks.len(), fin, c.reasoning_tokens, c.answer_tokens, c.drafted_tokens, c.accepted_tokens,
+                c.forced_end_of_think, c.draft_tokens_saved
+            );
+        }
+    }
+    if !a.json {
+        eprintln!(
+            "steps={} drafter={} generation={} mean_acceptance_length={:.2} target_forward={:.3}s draft={:.3}s",
+            stats.steps, stats.drafter, stats.draft_generation, stats.mean_acceptance_length,
+            stats.time_target_forward_s, stats.time_draft_s
+        );
+    }
+    Ok(())
+}

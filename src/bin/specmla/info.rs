@@ -1,0 +1,46 @@
+//! `specmla info`: model summary, parameter count, bytes, KV bytes per token per cache dtype.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde_json::json;
+
+use specmla::kv::{KvCache, KvConfig, KvDtype};
+use specmla::model::Model;
+use specmla::Result;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    #[arg(long, default_value = "models/target")]
+    pub model: PathBuf,
+}
+
+pub fn run(a: InfoArgs) -> Result<()> {
+    let model = Model::load_dir(&a.model)?;
+    let c = &model.config;
+    let mut kv = serde_json::Map::new();
+    for dt in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
+        let cache = KvCache::new(KvConfig {
+            num_layers: c.num_hidden_layers,
+            kv_lora_rank: c.kv_lora_rank,
+            rope_dim: c.qk_rope_head_dim,
+            block_size: 16,
+            num_blocks: 1,
+            dtype: dt,
+        })?;
+        let per_layer = cache.bytes_per_token_per_layer();
+        kv.insert(dt.name().into(), json!({"bytes_per_token_per_layer": per_layer, "bytes_per_token": per_layer * c.num_hidden_layers}));
+    }
+    let v = json!({
+        "model_dir": a.model,
+        "config": c.to_summary_json(),
+        "parameters": model.num_params(),
+        "decode_weight_bytes_per_token": model.decode_bytes_per_token(),
+        "mtp_tensors_left_for_drafter": model.mtp_tensors.len(),
+        "kv_cache": kv,
+        "mla_latent_values_per_token_per_layer": c.kv_lora_rank + c.qk_rope_head_dim,
+        "mha_equivalent_values_per_token_per_layer": c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim),
+    });
+    println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+    Ok(())
+}

@@ -1,0 +1,43 @@
+//! `specmla` — command-line front end over the library: `generate` (streaming or JSON, with a
+//! draft model or n-gram speculation and a reasoning budget), `score` (per-position log-probs),
+//! `info` (model summary) and `bench` (throughput, roofline, speculation, draft swaps).
+
+mod bench;
+mod generate;
+mod info;
+mod score;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "specmla", version, about = "DeepSeek MLA inference with lossless speculative decoding and a reasoning budget")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text (streams; --json prints one JSON object per prompt).
+    Generate(generate::GenerateArgs),
+    /// Per-position log-probabilities of a text or token ids, as JSON.
+    Score(score::ScoreArgs),
+    /// Model summary: config, parameter count, bytes, KV bytes per token.
+    Info(info::InfoArgs),
+    /// Benchmarks: prefill/decode tokens/s, roofline fraction, speculation speedup, swaps.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::Score(a) => score::run(a),
+        Cmd::Info(a) => info::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    if let Err(e) = res {
+        eprintln!("specmla: error: {e}");
+        std::process::exit(1);
+    }
+}
