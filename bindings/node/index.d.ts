@@ -1,0 +1,106 @@
+// TypeScript declarations for the specmla Node bindings.
+
+export type FinishReason = 'stop' | 'stop_string' | 'length' | 'cancelled' | 'error';
+
+export interface EngineOptions {
+  numDraftTokens?: number;
+  adaptive?: boolean;
+  kvNumBlocks?: number;
+  draftKvNumBlocks?: number;
+  blockSize?: number;
+  threads?: number;
+}
+
+export interface RequestOptions {
+  maxTokens?: number;
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  seed?: number;
+  ignoreEos?: boolean;
+  speculate?: boolean;
+  /** Most committed reasoning tokens; -1 (default) = unlimited. */
+  reasoningBudget?: number;
+  stopTokenIds?: number[];
+  stopStrings?: string[];
+  thinkStart?: number[];
+  thinkEnd?: number[];
+}
+
+export interface Event {
+  requestId: number;
+  tokens: number[];
+  text: string;
+  finishReason: FinishReason | null;
+  error?: string;
+}
+
+export interface Counters {
+  promptTokens: number;
+  cachedPromptTokens: number;
+  reasoningTokens: number;
+  answerTokens: number;
+  draftedTokens: number;
+  acceptedTokens: number;
+  recoveredTokens: number;
+  bonusTokens: number;
+  forcedEndOfThink: number;
+  forcedTokens: number;
+  draftSteps: number;
+  draftTokensSaved: number;
+  preemptions: number;
+  meanAcceptanceLength: number;
+  acceptedPerPosition: number[];
+  draftedPerPosition: number[];
+}
+
+export interface Output {
+  requestId: number;
+  tokens: number[];
+  text: string;
+  finishReason: FinishReason;
+  counters: Counters;
+}
+
+export interface SwapStatus {
+  state: 'pending' | 'applied' | 'failed' | 'unknown';
+  generation: number;
+  reason?: string;
+}
+
+export interface Stats {
+  steps: number;
+  running: number;
+  waiting: number;
+  draftGeneration: number;
+  hasDrafter: boolean;
+  kvNumBlocks: number;
+  kvUsedBlocks: number;
+  timeTargetForwardS: number;
+  timeDraftS: number;
+  totals: Counters;
+}
+
+/** Errors thrown / rejected by the bindings. */
+export interface SpecmlaError extends Error {
+  /** Status name, e.g. "SPECMLA_ERR_DRAFT". */
+  code: string;
+  status: number;
+}
+
+export declare class Engine {
+  constructor(target: string, draft?: string | null, options?: EngineOptions);
+  submit(prompt: string | number[] | Uint32Array, options?: RequestOptions): number;
+  step(): Promise<Event[]>;
+  generate(prompt: string | number[] | Uint32Array, options?: RequestOptions): Promise<Output>;
+  cancel(id: number): void;
+  setDraftWeights(source: string | Buffer, options?: { wait?: boolean }): number;
+  swapStatus(ticket: number): SwapStatus;
+  counters(id: number): Counters;
+  stats(): Stats;
+  tokenize(text: string, addSpecial?: boolean): number[];
+  detokenize(ids: number[] | Uint32Array, skipSpecial?: boolean): string;
+  close(): void;
+}
+
+export declare function version(): string;

@@ -1,0 +1,74 @@
+'use strict';
+// specmla for Node: a thin class over the N-API addon (build/specmla.node, built by
+// `make test-node` at the repository root). step() and generate() run off the event loop and
+// return Promises; the other methods are synchronous and never wait for a running step
+// (stats() excepted). Errors are Error objects with `code` (status name) and `status`.
+const path = require('path');
+
+const native = require(path.join(__dirname, 'build', 'specmla.node'));
+
+class Engine {
+  /**
+   * @param {string} target model directory
+   * @param {string|null} [draft] draft model directory
+   * @param {object} [options] numDraftTokens, adaptive, kvNumBlocks, draftKvNumBlocks, blockSize, threads
+   */
+  constructor(target, draft = null, options = {}) {
+    this._h = native.create(target, draft, options);
+  }
+
+  /** Queue a request; prompt is text or token ids. Returns the request id. */
+  submit(prompt, options = {}) {
+    return native.submit(this._h, prompt, options);
+  }
+
+  /** Run one step off the event loop; resolves to its events. */
+  step() {
+    return native.step(this._h);
+  }
+
+  /** Submit and step (off the event loop) until this request finishes. */
+  generate(prompt, options = {}) {
+    return native.generate(this._h, prompt, options);
+  }
+
+  cancel(id) {
+    native.cancel(this._h, id);
+  }
+
+  /**
+   * Swap draft weights (a model directory or .safetensors path, or a Buffer of safetensors
+   * bytes). wait=true validates now and throws on bad weights; wait=false returns at once.
+   * Returns the swap ticket.
+   */
+  setDraftWeights(source, { wait = true } = {}) {
+    return native.setDraftWeights(this._h, source, wait);
+  }
+
+  swapStatus(ticket) {
+    return native.swapStatus(this._h, ticket);
+  }
+
+  counters(id) {
+    return native.counters(this._h, id);
+  }
+
+  stats() {
+    return native.stats(this._h);
+  }
+
+  tokenize(text, addSpecial = false) {
+    return native.tokenize(this._h, text, addSpecial);
+  }
+
+  detokenize(ids, skipSpecial = false) {
+    return native.detokenize(this._h, ids, skipSpecial);
+  }
+
+  /** Free the engine now (idempotent); later calls throw SPECMLA_ERR_INVALID_HANDLE. */
+  close() {
+    if (this._h) native.close(this._h);
+  }
+}
+
+module.exports = { Engine, version: native.version };

@@ -1,0 +1,131 @@
+'use strict';
+// node --test suite for the Node bindings, on the models named by the environment (see the root
+// Makefile's test-bindings).
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const fs = require('node:fs');
+const path = require('node:path');
+const { Engine, version } = require('..');
+
+const root = path.join(__dirname, '..', '..', '..');
+const env = (k, d) => process.env[k] || d;
+const ids = (s) => (s || '').split(',').filter((x) => x.trim() !== '').map(Number);
+const S = {
+  target: env('SPECMLA_TARGET', path.join(root, 'models/golden/v3_yarn')),
+  draft: env('SPECMLA_DRAFT', path.join(root, 'models/golden/v3_bf16')),
+  prompt: env('SPECMLA_PROMPT', ''),
+  promptIds: ids(env('SPECMLA_PROMPT_IDS', '5,17,42,7,99,3,1')),
+  think: ids(process.env.SPECMLA_THINK_IDS),
+  maxTokens: Number(env('SPECMLA_MAX_TOKENS', '24')),
+  budget: Number(env('SPECMLA_BUDGET', '6')),
+};
+S.draft2 = env('SPECMLA_DRAFT2', S.draft);
+const prompt = () => (S.prompt ? S.prompt : S.promptIds);
+const opts = (speculate, budget = -1) => {
+  const o = { maxTokens: S.maxTokens, speculate, reasoningBudget: budget };
+  if (S.think.length === 2) Object.assign(o, { thinkStart: [S.think[0]], thinkEnd: [S.think[1]] });
+  return o;
+};
+const engine = () => new Engine(S.target, S.draft, { threads: 2, kvNumBlocks: 256, draftKvNumBlocks: 256 });
+
+test('version', () => {
+  assert.match(version(), /^\d+\.\d+\.\d+$/);
+});
+
+test('speculative greedy equals plain greedy and the Rust CLI', async () => {
+  const e = engine();
+  const a = await e.generate(prompt(), opts(true));
+  const b = await e.generate(prompt(), opts(false));
+  assert.ok(a.tokens.length > 0);
+  assert.deepEqual(a.tokens, b.tokens);
+  assert.equal(a.text, b.text);
+  assert.ok(a.counters.draftedTokens > 0);
+  assert.ok(a.counters.acceptedTokens <= a.counters.draftedTokens);
+  const exp = process.env.SPECMLA_EXPECTED_JSON;
+  if (exp) {
+    const want = JSON.parse(fs.readFileSync(exp, 'utf8').split('\n')[0]);
+    assert.deepEqual(a.tokens, want.token_ids);
+    assert.equal(a.text, want.text);
+  }
+  e.close();
+});
+
+test('reasoning budget and counters', async () => {
+  const e = engine();
+  const c = await e.generate(prompt(), opts(true, S.budget));
+  const d = await e.generate(prompt(), opts(false, S.budget));
+  assert.deepEqual(c.tokens, d.tokens);
+  const k = c.counters;
+  assert.ok(k.reasoningTokens <= S.budget, `reasoning ${k.reasoningTokens} > budget ${S.budget}`);
+  assert.ok(k.acceptedTokens <= k.draftedTokens);
+  assert.equal(k.acceptedPerPosition.reduce((x, y) => x + y, 0), k.acceptedTokens);
+  assert.deepEqual(e.counters(c.requestId), k);
+  e.close();
+});
+
+test('draft swap mid-run keeps greedy output; bad weights are refused', async () => {
+  const e = engine();
+  const ref = await e.generate(prompt(), opts(true));
+  const id = e.submit(prompt(), opts(true));
+  const got = [];
+  let done = false;
+  const pump = async () => {
+    for (const ev of await e.step()) {
+      if (ev.requestId !== id) continue;
+      got.push(...ev.tokens);
+      done = done || ev.finishReason !== null;
+    }
+  };
+  await pump();
+  await pump();
+  assert.throws(() => e.setDraftWeights('/nonexistent/draft.safetensors'), (err) => err.code !== 'SPECMLA_OK' && /nonexistent/.test(err.message));
+  assert.throws(() => e.setDraftWeights(Buffer.from('not safetensors')), (err) => typeof err.status === 'number');
+  const t = e.setDraftWeights(S.draft2);
+  while (!done) await pump();
+  assert.deepEqual(got, ref.tokens);
+  assert.equal(e.swapStatus(t).state, 'applied');
+  const t2 = e.setDraftWeights(S.draft, { wait: false });
+  const t3 = e.setDraftWeights('/nonexistent/dir', { wait: false });
+  for (let i = 0; i < 2000; i++) {
+    if (e.swapStatus(t2).state !== 'pending' && e.swapStatus(t3).state !== 'pending') break;
+    await e.step();
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  assert.equal(e.swapStatus(t2).state, 'applied');
+  const f = e.swapStatus(t3);
+  assert.equal(f.state, 'failed');
+  assert.ok(f.reason.length > 0);
+  assert.deepEqual((await e.generate(prompt(), opts(true))).tokens, ref.tokens);
+  assert.ok(e.stats().draftGeneration >= 2);
+  e.close();
+});
+
+test('concurrent steps and submits from the event loop', async () => {
+  const e = engine();
+  const ref = await e.generate(prompt(), opts(true));
+  const idA = e.submit(prompt(), opts(true));
+  const idB = e.submit(prompt(), opts(false));
+  const out = { [idA]: [], [idB]: [] };
+  const open = new Set([idA, idB]);
+  while (open.size) {
+    const [x, y] = await Promise.all([e.step(), e.step()]); // serialised inside the library
+    for (const ev of [...x, ...y]) {
+      out[ev.requestId].push(...ev.tokens);
+      if (ev.finishReason) open.delete(ev.requestId);
+    }
+  }
+  assert.deepEqual(out[idA], ref.tokens);
+  assert.deepEqual(out[idB], ref.tokens);
+  e.close();
+});
+
+test('errors carry status codes; close is idempotent', async () => {
+  assert.throws(() => new Engine('/nonexistent/model'), { code: 'SPECMLA_ERR_IO' });
+  const e = engine();
+  assert.throws(() => e.submit(prompt(), { reasoningBudget: -5 }), { code: 'SPECMLA_ERR_INVALID_ARGUMENT' });
+  assert.throws(() => e.cancel(987654), { code: 'SPECMLA_ERR_UNKNOWN_REQUEST' });
+  await assert.rejects(e.generate(prompt(), { maxTokens: 0 }), { code: 'SPECMLA_ERR_INVALID_REQUEST' });
+  e.close();
+  e.close();
+  await assert.rejects(e.step(), { code: 'SPECMLA_ERR_INVALID_HANDLE' });
+});
