@@ -494,6 +494,27 @@ impl Engine {
         Ok(self.swaps.enqueue_ready(p))
     }
 
+    /// Check the engine's internal invariants (tests and debugging): every prefilled running
+    /// request's target KV holds exactly its committed tokens but the last; the KV pool's
+    /// refcounts match the live block tables. Waits for a running step.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let core = self.core.lock().map_err(|_| "poisoned".to_string())?;
+        for r in &core.running {
+            let settled = r.counters.preemptions == 0 && r.kv.len() >= r.prompt_len;
+            if r.kv.len() >= r.tokens.len() || (settled && r.kv.len() + 1 != r.tokens.len()) {
+                return Err(format!("request {}: target KV len {} != committed {} - 1", r.id, r.kv.len(), r.tokens.len()));
+            }
+            if let Some(p) = core.proposer.as_ref() {
+                p.check(r.id, &r.tokens)?;
+            }
+            if r.budget.config().budget.is_some_and(|b| r.budget.reasoning > b) {
+                return Err(format!("request {}: reasoning {} over budget", r.id, r.budget.reasoning));
+            }
+        }
+        let live: Vec<&crate::kv::SeqKv> = core.running.iter().map(|r| &r.kv).chain(core.waiting.iter().map(|r| &r.kv)).collect();
+        core.kv.check_invariants(&live)
+    }
+
     /// Status of a swap ticket.
     pub fn swap_status(&self, ticket: u64) -> SwapStatus {
         self.swaps.status(ticket)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
 use crate::model::{LogitsMode, Model, SeqChunk};
-use crate::sampling::{argmax, processed_probs, sample_from, Rng};
+use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng};
 
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
@@ -130,7 +130,7 @@ impl Proposer for DraftModelProposer {
                 self.kv.set_len(&mut s.kv, new_len);
                 let row = &logits[j * vocab..(j + 1) * vocab]; // [vocab]
                 let q = processed_probs(row, r.params);
-                let tok = if r.params.temperature == 0.0 { argmax(row) } else { sample_from(&q, &mut s.rng) };
+                let tok = if is_greedy(r.params) { argmax(row) } else { sample_from(&q, &mut s.rng) };
                 out[i].tokens.push(tok);
                 if let Some(qs) = out[i].q.as_mut() {
                     qs.push(q);
@@ -159,6 +159,17 @@ impl Proposer for DraftModelProposer {
 
     fn kv_stats(&self) -> Option<KvStats> {
         Some(self.kv.stats())
+    }
+
+    fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
+        let Some(s) = self.seqs.get(&id) else { return Ok(()) };
+        if s.kv.len() != s.fed.len() {
+            return Err(format!("draft KV len {} != fed tokens {}", s.kv.len(), s.fed.len()));
+        }
+        if s.fed.len() > context.len() || s.fed[..] != context[..s.fed.len()] {
+            return Err(format!("request {id}: draft KV is not a prefix of the committed context"));
+        }
+        Ok(())
     }
 
     fn kv_bytes_per_token(&self) -> usize {

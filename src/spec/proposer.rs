@@ -44,6 +44,11 @@ pub trait Proposer: Send {
     fn kv_stats(&self) -> Option<KvStats> {
         None
     }
+    /// Check the proposer's state for a request against its committed context (tests): whatever
+    /// it cached must be a prefix of `context`.
+    fn check(&self, _id: u64, _context: &[u32]) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// Draft KV bytes per token (all layers), 0 without a cache.
     fn kv_bytes_per_token(&self) -> usize {
         0

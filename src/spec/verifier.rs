@@ -7,7 +7,7 @@
 //! with no draft left (bonus) sample p. p and q are both `processed_probs` (temperature, top-k,
 //! top-p) of the same request's params. Drafters without distributions use q = one-hot(d_i).
 
-use crate::sampling::{argmax, processed_probs, sample_from, sample_token, Rng, SamplingParams};
+use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, sample_token, Rng, SamplingParams};
 
 /// What happened at one position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub fn verify_position(
     let Some((d, q)) = draft else {
         return (sample_token(logits, params, rng), Verdict::Bonus);
     };
-    if params.temperature == 0.0 {
+    if is_greedy(params) {
         let t = argmax(logits);
         return if t == d { (t, Verdict::Accepted) } else { (t, Verdict::Recovered) };
     }
@@ -44,7 +44,7 @@ pub fn verify_position(
         return (d, Verdict::Accepted);
     }
     // residual max(0, p - q)
-    let mut r: Vec<f32> = match q {
+    let r: Vec<f32> = match q {
         Some(q) => p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect(),
         None => {
             let mut r = p.clone();
@@ -57,7 +57,7 @@ pub fn verify_position(
         // p == q exactly (rejection then has probability 0 in exact arithmetic): sample p.
         return (sample_from(&p, rng), Verdict::Recovered);
     }
-    r.iter_mut().for_each(|x| *x = (*x as f64 / s) as f32);
+    // sample_from scales by the total mass, so the residual needs no explicit normalisation
     (sample_from(&r, rng), Verdict::Recovered)
 }
 
