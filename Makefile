@@ -64,18 +64,19 @@ install: lib
 	install -m 644 include/specmla.h $(DESTDIR)$(PREFIX)/include/specmla.h
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' specmla.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/specmla.pc
 
-# Expected greedy output from the Rust CLI (empty file name when it cannot produce one).
+# Expected greedy output from the Rust CLI (no draft, f32 KV like the ABI's default); no file when
+# the CLI cannot produce one.
 expected: lib
 	@mkdir -p $(BUILD)
 	@rm -f $(EXPECTED)
-	@if [ -n "$$SPECMLA_PROMPT" ] && $(CARGO) build --release --bin specmla >/dev/null 2>&1 && \
-	   $(REL)/specmla generate --help >/dev/null 2>&1; then \
-	  $(REL)/specmla generate --model "$$SPECMLA_TARGET" --prompt "$$SPECMLA_PROMPT" \
+	@if [ -n "$$SPECMLA_PROMPT" ]; then set -- --prompt "$$SPECMLA_PROMPT"; else set -- --token-ids "$$SPECMLA_PROMPT_IDS"; fi; \
+	if $(CARGO) build --release --bin specmla >/dev/null 2>&1 && $(REL)/specmla generate --help >/dev/null 2>&1; then \
+	  $(REL)/specmla generate --model "$$SPECMLA_TARGET" "$$@" --kv-dtype f32 \
 	    --max-tokens $(MAX_TOKENS) --json 2>/dev/null | head -n 1 > $(EXPECTED).tmp && \
 	  grep -q token_ids $(EXPECTED).tmp && mv $(EXPECTED).tmp $(EXPECTED) || rm -f $(EXPECTED).tmp; \
 	fi
-	@if [ -f $(EXPECTED) ]; then echo "expected output: $(EXPECTED)"; \
-	 else echo "expected output: none (CLI unavailable or token-id prompt); comparing against spec-off runs only"; fi
+	@if [ -f $(EXPECTED) ]; then echo "expected output ($(EXPECTED)): $$(cat $(EXPECTED) | head -c 300)"; \
+	 else echo "expected output: none (the CLI is unavailable); comparing against spec-off runs only"; fi
 
 expected_env = SPECMLA_EXPECTED_JSON=$$( [ -f $(EXPECTED) ] && echo $(EXPECTED) )
 
