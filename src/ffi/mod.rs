@@ -18,6 +18,8 @@
 mod engine;
 mod handle;
 mod text;
+#[cfg(test)]
+mod tests;
 mod types;
 
 use std::cell::RefCell;

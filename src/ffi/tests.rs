@@ -1,0 +1,93 @@
+//! Unit tests of the ABI plumbing that need no model: the panic wrapper, last error, status
+//! mapping, struct_size handling, handle validation and buffer rules.
+
+use std::ffi::CStr;
+
+use super::*;
+
+fn last() -> String {
+    // SAFETY: specmla_last_error never returns NULL and the string lives until the next failure.
+    unsafe { CStr::from_ptr(specmla_last_error()) }.to_string_lossy().into_owned()
+}
+
+#[test]
+fn panics_become_a_status_and_a_message() {
+    let st = call(|| panic!("boom"));
+    assert_eq!(st, Status::SPECMLA_ERR_PANIC);
+    assert!(last().contains("boom"), "{}", last());
+    assert_eq!(call(|| Ok(())), Status::SPECMLA_OK);
+}
+
+#[test]
+fn errors_map_to_statuses() {
+    let cases = [
+        (Error::UnknownRequest(3), Status::SPECMLA_ERR_UNKNOWN_REQUEST),
+        (Error::Draft("x".into()), Status::SPECMLA_ERR_DRAFT),
+        (Error::Tensor { name: "w".into(), msg: "m".into() }, Status::SPECMLA_ERR_MODEL),
+        (Error::UnknownToken { id: 9, vocab_size: 4 }, Status::SPECMLA_ERR_UNKNOWN_TOKEN),
+        (Error::KvExhausted("k".into()), Status::SPECMLA_ERR_KV_EXHAUSTED),
+    ];
+    for (e, want) in cases {
+        let msg = e.to_string();
+        let f = FfiError::from(e);
+        assert_eq!(f.status, want);
+        assert_eq!(f.msg, msg);
+    }
+}
+
+#[test]
+fn short_params_keep_defaults_for_missing_fields() {
+    let mut p = specmla_engine_default_params();
+    p.num_draft_tokens = 7;
+    p.threads = 99;
+    p.struct_size = std::mem::offset_of!(EngineParams, adaptive);
+    // SAFETY: `p` is a valid struct of at least struct_size bytes.
+    let got = unsafe { read_params(&p, engine_defaults(), "p") }.expect("valid");
+    assert_eq!(got.num_draft_tokens, 7);
+    assert_eq!(got.threads, engine_defaults().threads);
+    p.struct_size = 3;
+    // SAFETY: as above.
+    let err = unsafe { read_params(&p, engine_defaults(), "p") }.unwrap_err();
+    assert_eq!(err.status, Status::SPECMLA_ERR_INVALID_ARGUMENT);
+}
+
+#[test]
+fn engine_params_are_validated() {
+    let mut p = engine_defaults();
+    assert!(engine_config(&p).is_ok());
+    p.num_draft_tokens = SPECMLA_MAX_DRAFT_POSITIONS as u32 + 1;
+    assert!(engine_config(&p).is_err());
+    p = engine_defaults();
+    p.draft_kv_dtype = 42;
+    assert!(engine_config(&p).is_err());
+    p = engine_defaults();
+    p.kv_dtype = SPECMLA_KV_FP8_E4M3;
+    let c = engine_config(&p).expect("fp8");
+    assert_eq!(c.draft_kv_dtype, Some(crate::kv::KvDtype::Fp8E4M3));
+}
+
+#[test]
+fn foreign_and_null_handles_are_rejected() {
+    let mut word = 0u64;
+    let foreign = &mut word as *mut u64 as *mut EngineHandle;
+    assert_eq!(specmla_engine_free(std::ptr::null_mut()), Status::SPECMLA_OK);
+    assert_eq!(specmla_engine_free(foreign), Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert_eq!(specmla_engine_cancel(foreign, 1), Status::SPECMLA_ERR_INVALID_HANDLE);
+    let mut r: *mut StepResult = std::ptr::null_mut();
+    // SAFETY: out-pointer is valid.
+    assert_eq!(unsafe { specmla_engine_step(std::ptr::null_mut(), &mut r) }, Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert!(r.is_null());
+    assert_eq!(specmla_step_result_free(foreign as *mut StepResult), Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert_eq!(word, 0, "a foreign handle is never written through");
+}
+
+#[test]
+fn status_names_cover_every_code() {
+    for code in 0..=17 {
+        // SAFETY: static string.
+        let name = unsafe { CStr::from_ptr(specmla_status_name(code)) }.to_str().expect("ascii");
+        assert!(name.starts_with("SPECMLA_"), "{code} -> {name}");
+    }
+    // SAFETY: static string.
+    assert_eq!(unsafe { CStr::from_ptr(specmla_status_name(-1)) }.to_str(), Ok("unknown"));
+}
