@@ -19,7 +19,7 @@ REL      := target/release
 BUILD    := build
 NODE_INC ?= $(shell dirname $$(dirname $$(command -v node)))/include/node
 SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-CFLAGS_T := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Itests/c
+CFLAGS_T := -std=gnu11 -O1 -g -Wall -Wextra -Werror -pthread -Iinclude -Itests/c
 LDLIBS_T := -L$(REL) -lspecmla -Wl,-rpath,$(CURDIR)/$(REL)
 MAX_TOKENS ?= 24
 BUDGET   ?= 6
@@ -94,9 +94,10 @@ $(BUILD)/c/generate: examples/c/generate.c include/specmla.h lib
 	@mkdir -p $(BUILD)/c
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude $(SAN) $< -o $@ $(LDLIBS_T)
 
-test-c: check-exports expected $(BUILD)/c/test_misuse $(BUILD)/c/test_generate $(BUILD)/c/generate
+test-c: check-exports expected $(BUILD)/c/test_misuse $(BUILD)/c/test_generate $(BUILD)/c/test_threads $(BUILD)/c/generate
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/c/test_misuse
 	ASAN_OPTIONS=detect_leaks=1 $(expected_env) $(BUILD)/c/test_generate
+	ASAN_OPTIONS=detect_leaks=1 $(BUILD)/c/test_threads
 	ASAN_OPTIONS=detect_leaks=1 $(BUILD)/c/generate "$$SPECMLA_TARGET" "$$SPECMLA_DRAFT" \
 	  "$${SPECMLA_PROMPT:-ids:$$SPECMLA_PROMPT_IDS}" $(MAX_TOKENS) $(BUDGET)
 
