@@ -490,8 +490,8 @@ impl Engine {
     /// Same, but load and validate on the calling thread; the swap still lands between steps.
     /// Returns the error of bad weights directly (the old drafter keeps serving).
     pub fn set_draft_weights_blocking(&self, src: DraftSource) -> Result<u64> {
-        let p = swap::build_proposer(src, &self.swap_ctx())?;
-        Ok(self.swaps.enqueue_ready(p))
+        let (p, config) = swap::build(src, &self.swap_ctx())?;
+        Ok(self.swaps.enqueue_ready(p, config))
     }
 
     /// Check the engine's internal invariants (tests and debugging): every prefilled running

@@ -82,7 +82,7 @@ pub(crate) fn build_proposer(src: DraftSource, ctx: &SwapCtx) -> Result<Box<dyn 
     })
 }
 
-fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
     let (config, store, label) = match src {
         DraftSource::None => return Ok((None, None)),
         DraftSource::Ngram { min_n, max_n } => {
@@ -161,10 +161,10 @@ impl Swaps {
     }
 
     /// Queue an already built drafter (validated on the caller's thread).
-    pub fn enqueue_ready(&self, p: Box<dyn Proposer>) -> u64 {
+    pub fn enqueue_ready(&self, proposer: Option<Box<dyn Proposer>>, config: Option<ModelConfig>) -> u64 {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         self.status.lock().expect("swap lock").insert(ticket, SwapStatus::Pending);
-        self.ready.lock().expect("swap lock").push(Ready { ticket, proposer: Some(p), config: None });
+        self.ready.lock().expect("swap lock").push(Ready { ticket, proposer, config });
         ticket
     }
 
