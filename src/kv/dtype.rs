@@ -95,7 +95,12 @@ pub fn slot_bytes(dtype: KvDtype, kv_lora_rank: usize, rope_dim: usize) -> usize
 /// f32 -> bf16 bits, round-to-nearest-even (NaN stays NaN).
 #[inline]
 pub fn f32_to_bf16(x: f32) -> u16 {
-    half::bf16::from_f32(x).to_bits()
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16; // keep sign and payload top, force a quiet NaN
+    }
+    // Add the rounding bias (0x7fff plus the lowest kept bit) and truncate: nearest-even.
+    ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
 }
 
 /// bf16 bits -> f32 (exact).
@@ -175,23 +180,18 @@ pub fn f32_to_fp8(x: f32) -> u8 {
     if x.is_nan() {
         return 0x7f;
     }
-    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
-    let a = x.abs();
-    let code: u32 = if a >= FP8_MAX {
-        0x7e
-    } else if a < 1.0 / 64.0 {
-        // Sub-normal range (below 2^-6): code = round_even(a / 2^-9); code 8 is the smallest
-        // normal (2^-6), which the bit layout encodes as exactly 8 as well.
-        (a * 512.0).round_ties_even() as u32
-    } else {
-        let bits = a.to_bits();
-        let e8 = ((bits >> 23) as i32 - 127 + 7) as u32; // 1..=15
-        let m = bits & 0x7f_ffff;
-        let m3 = m >> 20;
-        let rest = m & 0xf_ffff;
-        let up = (rest > 0x8_0000 || (rest == 0x8_0000 && (m3 & 1) == 1)) as u32;
-        ((e8 << 3) | m3) + up // carry into the exponent is the correct rounding
-    };
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let abs = bits & 0x7fff_ffff;
+    let a = f32::from_bits(abs);
+    // Normal range (a >= 2^-6): round the f32 mantissa to 3 bits, nearest-even, by adding the
+    // rounding bias below bit 20; a carry into the exponent is the correct rounding. Rebias the
+    // exponent from 127 to 7. Saturation (and +-inf) is the final min().
+    let normal = ((abs + 0x7_ffff + ((abs >> 20) & 1)) >> 20).wrapping_sub(120 << 3);
+    // Sub-normal range (below 2^-6): code = round_even(a / 2^-9); adding 2^23 rounds with the
+    // FPU's round-to-nearest-even. Code 8 is the smallest normal, which the layout also encodes as 8.
+    let sub = ((a * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    let code = if a < 1.0 / 64.0 { sub } else { normal };
     sign | code.min(0x7e) as u8
 }
 
@@ -293,6 +293,34 @@ mod tests {
     }
 
     #[test]
+    fn fp8_encode_matches_brute_force_nearest_even() {
+        // Reference: the nearest finite e4m3 magnitude, ties to the even code, saturating.
+        let reference = |x: f32| -> u8 {
+            let a = x.abs();
+            let mut best = 0u8;
+            for c in 1u8..=0x7e {
+                let (d, db) = ((FP8_TABLE[c as usize] - a).abs(), (FP8_TABLE[best as usize] - a).abs());
+                if d < db || (d == db && c % 2 == 0) {
+                    best = c;
+                }
+            }
+            best | if x.is_sign_negative() { 0x80 } else { 0 }
+        };
+        let mut seed = 3u64;
+        for i in 0..20000 {
+            let e = (i % 40) - 30; // magnitudes 2^-30 .. 2^9
+            let x = lcg(&mut seed) * 2f32.powi(e);
+            assert_eq!(f32_to_fp8(x), reference(x), "x = {x:e}");
+        }
+        // every midpoint between neighbouring codes
+        for c in 0u8..0x7e {
+            let mid = (FP8_TABLE[c as usize] + FP8_TABLE[c as usize + 1]) / 2.0;
+            assert_eq!(f32_to_fp8(mid), reference(mid), "midpoint after {c:#x}");
+            assert_eq!(f32_to_fp8(-mid), reference(-mid));
+        }
+    }
+
+    #[test]
     fn fp8_group_round_trip_error_bound() {
         // Stated bound: |x - decode(encode(x))| <= amax_group / 16.
         let mut seed = 7u64;
@@ -330,6 +358,9 @@ mod tests {
         let mut b = vec![0u16; x.len()];
         let mut y = vec![0f32; x.len()];
         encode_bf16(&x, &mut b);
+        for (&v, &bits) in x.iter().zip(&b) {
+            assert_eq!(bits, half::bf16::from_f32(v).to_bits(), "agrees with half's RNE for {v}");
+        }
         decode_bf16(&b, &mut y);
         for (a, r) in x.iter().zip(&y) {
             // bf16 has 8 significant bits: half-ulp <= 2^-8 relative.
@@ -338,6 +369,9 @@ mod tests {
         // round-to-nearest-even at a tie: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> 1.0
         assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0)), 1.0);
         assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+        assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
+        assert_eq!(bf16_to_f32(f32_to_bf16(f32::INFINITY)), f32::INFINITY);
+        assert_eq!(bf16_to_f32(f32_to_bf16(f32::MAX)), f32::INFINITY, "rounds past the largest bf16");
         encode_f16(&x, &mut b);
         decode_f16(&b, &mut y);
         for (a, r) in x.iter().zip(&y) {

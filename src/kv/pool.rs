@@ -158,7 +158,7 @@ mod tests {
             let mut out = vec![0f32; 2 * (r + p)]; // [2, kv_lora_rank + rope_dim]
             pool.read_slots(1, 4, 2, &mut out);
             assert!(out[..r + p].iter().all(|&v| v == 0.0), "{d:?}: neighbour slot untouched");
-            assert!(out[r + p..].iter().all(|&v| v == 0.0) == false);
+            assert!(!out[r + p..].iter().all(|&v| v == 0.0));
             let tol = match d {
                 KvDtype::F32 => 0.0,
                 KvDtype::Bf16 => 1.0 / 128.0,

@@ -61,7 +61,7 @@ impl PrefixCache {
 
     /// Key of a block given the key of the previous block (`None` for the first block).
     pub(crate) fn hash(&self, prev: Option<u64>, toks: &[u32]) -> u64 {
-        let mut h = mix(self.salt ^ 0x5eed_0f_4b10c4);
+        let mut h = mix(self.salt ^ 0x5eed_0f4b_10c4);
         h = mix(h ^ prev.map_or(0x9e37_79b9_7f4a_7c15, mix));
         for &t in toks {
             h = mix(h.wrapping_add(t as u64).wrapping_mul(0x100_0000_01b3));

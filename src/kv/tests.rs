@@ -306,3 +306,54 @@ fn truncate_into_shared_block_copies_on_write() {
     c.check_invariants(&[&a, &b]).unwrap();
     assert_eq!(c.match_prefix(&p, usize::MAX).len(), 4);
 }
+
+/// Throughput of the attention read path at DeepSeek-V3 shapes (512 + 64, block 64). Best of
+/// several repetitions (the machine may be shared). Run:
+/// `cargo test --lib kv::tests::read_range_throughput -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing; prints numbers"]
+fn read_range_throughput() {
+    use std::hint::black_box;
+    use std::time::Instant;
+    fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+    let tokens = 4096;
+    for d in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
+        let cfg = KvConfig { num_layers: 1, kv_lora_rank: 512, rope_dim: 64, block_size: 64, num_blocks: 64, dtype: d };
+        let mut c = KvCache::new(cfg).unwrap();
+        let mut s = SeqKv::new();
+        grow(&mut c, &mut s, tokens);
+        let a: Vec<f32> = (0..512).map(|i| (i as f32 * 0.37).sin()).collect(); // [kv_lora_rank]
+        let b: Vec<f32> = (0..64).map(|i| (i as f32 * 0.11).cos()).collect(); // [rope_dim]
+        let w = best(5, || {
+            for pos in 0..tokens {
+                c.write_slot(0, &s, pos, black_box(&a), &b);
+            }
+        });
+        c.set_len(&mut s, tokens);
+        let mut out = vec![0f32; tokens * 576]; // [tokens, kv_lora_rank + rope_dim]
+        let r = best(30, || c.read_range(0, &s, 0, tokens, black_box(&mut out)));
+        // memcpy baseline: the same f32 output volume copied from a warm f32 buffer
+        let src = out.clone();
+        let mut dst = vec![0f32; out.len()];
+        let m = best(30, || dst.copy_from_slice(black_box(&src)));
+        black_box(&dst);
+        let stored = (tokens * c.bytes_per_token_per_layer()) as f64;
+        println!(
+            "{:>9}: read {tokens} slots {:.3} ms ({:.1} GB/s stored in, {:.1} GB/s f32 out, {:.2}x the time of a memcpy of the output); write {:.0} ns/slot",
+            d.name(),
+            r * 1e3,
+            stored / r / 1e9,
+            (tokens * 576 * 4) as f64 / r / 1e9,
+            r / m,
+            w / tokens as f64 * 1e9
+        );
+    }
+}
