@@ -264,10 +264,7 @@ impl Core {
             if !p.decode {
                 let done = base + inp.len() == r.tokens.len();
                 self.kv.set_len(&mut r.kv, base + inp.len());
-                if done && self.cfg.prefix_cache && !r.prefix_registered && r.kv.len() >= r.prompt_len {
-                    self.kv.register_prefix(&r.kv, &r.tokens[..r.prompt_len]);
-                    r.prefix_registered = true;
-                }
+                publish_prefix(&mut self.kv, r, self.cfg.prefix_cache);
                 if done {
                     let row = &logits[row0 * vocab..(row0 + 1) * vocab];
                     row0 += 1;
@@ -326,6 +323,7 @@ impl Core {
             let valid = base + 1 + accepted;
             self.kv.set_len(&mut r.kv, valid);
             self.kv.truncate(&mut r.kv, valid);
+            publish_prefix(&mut self.kv, r, self.cfg.prefix_cache);
             if n_model > 0 {
                 let rejected = usize::from(model_accepted < n_model);
                 let obs = model_accepted as f64 / (model_accepted + rejected).max(1) as f64;
@@ -415,6 +413,15 @@ fn choose_drafts(
             (rem, certain, k - rem)
         }
         _ => (k, Vec::new(), 0),
+    }
+}
+
+/// Publish a request's full prompt blocks to the prefix cache once its prompt KV is written.
+/// Only prompt tokens are published: they always take the MHA path, so their KV is reproducible.
+fn publish_prefix(kv: &mut KvCache, r: &mut ReqState, enabled: bool) {
+    if enabled && !r.prefix_registered && r.kv.len() >= r.prompt_len {
+        kv.register_prefix(&r.kv, &r.tokens[..r.prompt_len]);
+        r.prefix_registered = true;
     }
 }
 
