@@ -1,0 +1,149 @@
+//! The bundled reasoning workload (models/target + models/draft, trained by tools/train):
+//! - 200 held-out prompts, continuous batch, greedy: output with speculation (draft model k=4 and
+//!   k=8, n-gram k=3, adaptive) is token-for-token and log-prob-for-log-prob the output without it,
+//!   across reasoning budgets none / 0 / 1 / 3 (< k) / 50% / natural / natural + 10 / large, a
+//!   multi-token end marker ("</think>" followed by "The"), stop strings, and max_tokens inside
+//!   thinking; the reasoning count never exceeds the budget.
+//! - the engine's greedy continuations equal transformers' (tools/train reference, fp32 compute).
+//! The bundled models are committed; these tests fail if they are missing.
+
+mod common;
+
+use common::repo;
+use serde_json::Value;
+use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
+use specmla::kv::KvDtype;
+use specmla::spec::SpecMode;
+
+fn workload(n: usize) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("models/workload/prompts.jsonl");
+    text.lines().take(n).map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn cfg(spec: SpecMode) -> EngineConfig {
+    EngineConfig { kv_dtype: KvDtype::F32, spec, threads: 2, num_blocks: 4096, draft_num_blocks: 4096, max_running: 64, ..EngineConfig::default() }
+}
+
+fn engine(draft: DraftSource, spec: SpecMode) -> Engine {
+    Engine::new(&repo().join("models/target"), draft, cfg(spec)).unwrap()
+}
+
+fn requests(engine: &Engine, n: usize) -> Vec<Request> {
+    let tok = engine.tokenizer().expect("bundled tokenizer").clone();
+    let end_multi = {
+        let mut e = tok.encode("</think>", false).unwrap();
+        e.extend(tok.encode("The", false).unwrap());
+        e
+    };
+    workload(n)
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let natural = w["natural_thinking_tokens"].as_u64().unwrap() as usize;
+            let mut r = Request::new(Prompt::Tokens(ids(&w["prompt_token_ids"])));
+            r.sampling.max_tokens = 160;
+            r.logprobs = true;
+            r.reasoning_budget = match i % 9 {
+                0 => None,
+                1 => Some(0),
+                2 => Some(1),
+                3 => Some(3),
+                4 => Some(natural / 2),
+                5 => Some(natural),
+                6 => Some(natural + 10),
+                7 => Some(10_000),
+                _ => Some(natural / 4),
+            };
+            if i % 17 == 3 {
+                r.think_end = Some(end_multi.clone()); // several tokens
+            }
+            if i % 13 == 6 {
+                r.sampling.stop_strings = vec!["answer is".into()];
+            }
+            if i % 19 == 7 {
+                r.sampling.max_tokens = 5; // ends inside thinking
+            }
+            r
+        })
+        .collect()
+}
+
+fn compare(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
+    for (i, ((b, g), r)) in base.iter().zip(got).zip(reqs).enumerate() {
+        assert_eq!(b.token_ids, g.token_ids, "{label}: prompt {i} tokens differ");
+        assert_eq!(b.text, g.text, "{label}: prompt {i} text differs");
+        let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
+        let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(bb, gb, "{label}: prompt {i} log-probs differ");
+        if let Some(bud) = r.reasoning_budget {
+            assert!(g.counters.reasoning_tokens <= bud as u64, "{label}: prompt {i} over budget");
+        }
+    }
+}
+
+#[test]
+fn speculation_is_lossless_on_200_workload_prompts() {
+    let base_e = engine(DraftSource::None, SpecMode::Fixed(0));
+    let reqs = requests(&base_e, 200);
+    let base = base_e.generate(reqs.clone()).unwrap();
+    assert!(base.iter().any(|o| o.counters.forced_end_of_think == 1), "budgets forced some ends");
+    assert!(base.iter().any(|o| o.finish_reason == "stop_string"));
+    assert!(base.iter().any(|o| o.finish_reason == "length"));
+    let draft = repo().join("models/draft");
+    for (label, src, spec) in [
+        ("draft k=4", DraftSource::Dir(draft.clone()), SpecMode::Fixed(4)),
+        ("draft k=8", DraftSource::Dir(draft.clone()), SpecMode::Fixed(8)),
+        ("ngram k=3", DraftSource::Ngram { min_n: 1, max_n: 3 }, SpecMode::Fixed(3)),
+        ("adaptive", DraftSource::Dir(draft.clone()), SpecMode::Adaptive { k_max: 6 }),
+    ] {
+        let e = engine(src, spec);
+        let got = e.generate(reqs.clone()).unwrap();
+        compare(label, &base, &got, &reqs);
+        let t = e.stats().totals;
+        eprintln!(
+            "{label}: drafted {} accepted {} ({:.3}) saved by budget {} mean acceptance length {:.2}",
+            t.drafted_tokens,
+            t.accepted_tokens,
+            t.accepted_tokens as f64 / t.drafted_tokens.max(1) as f64,
+            t.draft_tokens_saved,
+            t.mean_acceptance_length()
+        );
+        if label.starts_with("draft") {
+            assert!(t.accepted_tokens * 10 >= t.drafted_tokens * 6, "{label}: trained draft accepted too little");
+            assert!(t.draft_tokens_saved > 0, "{label}: budget clipping never saved a draft position");
+        }
+    }
+}
+
+#[test]
+fn greedy_matches_the_transformers_reference() {
+    let path = repo().join("models/workload/reference_greedy.jsonl");
+    let text = std::fs::read_to_string(&path).expect("reference_greedy.jsonl");
+    let refs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let e = engine(DraftSource::Dir(repo().join("models/draft")), SpecMode::Fixed(4));
+    let reqs: Vec<Request> = refs
+        .iter()
+        .map(|v| {
+            let want = ids(&v["output_token_ids"]);
+            let mut r = Request::new(Prompt::Tokens(ids(&v["prompt_token_ids"])));
+            r.sampling.max_tokens = want.len().max(1);
+            r.sampling.ignore_eos = false;
+            r
+        })
+        .collect();
+    let outs = e.generate(reqs).unwrap();
+    let mut same = 0;
+    for (o, v) in outs.iter().zip(&refs) {
+        let want = ids(&v["output_token_ids"]);
+        if o.token_ids == want {
+            same += 1;
+        } else {
+            eprintln!("mismatch: engine {:?}\n     reference {:?}", o.token_ids, want);
+        }
+    }
+    assert_eq!(same, refs.len(), "{same}/{} greedy continuations equal transformers'", refs.len());
+}
