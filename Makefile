@@ -76,7 +76,7 @@ expected: lib
 	  grep -q token_ids $(EXPECTED).tmp && mv $(EXPECTED).tmp $(EXPECTED) || rm -f $(EXPECTED).tmp; \
 	fi
 	@if [ -f $(EXPECTED) ]; then echo "expected output ($(EXPECTED)): $$(cat $(EXPECTED) | head -c 300)"; \
-	 else echo "expected output: none (the CLI is unavailable); comparing against spec-off runs only"; fi
+	 else echo "expected output: none (the CLI did not build or run); comparing against spec-off runs only"; fi
 
 expected_env = SPECMLA_EXPECTED_JSON=$$( [ -f $(EXPECTED) ] && echo $(EXPECTED) )
 
