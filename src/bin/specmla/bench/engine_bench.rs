@@ -1,0 +1,298 @@
+//! Engine-core bench: the machine's roofline (streaming read bandwidth, peak FMA FLOP/s with the
+//! bench's thread count), then prefill and decode through the real `Engine` path (`SpecMode::Fixed(0)`,
+//! no drafter, prefix cache off so every prompt is really computed).
+//!
+//! Reported: prefill tokens/s for one long prompt and its fraction of the compute bound
+//! (model FLOPs from the config / time / peak); decode tokens/s at each batch size over
+//! steady-state steps (every request decoding, after prefill and warm-up steps); KV bytes per
+//! token; and at batch 1 the bandwidth-roofline fraction: (weight bytes read per step +
+//! latent-KV bytes read per step) / step time / measured bandwidth.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+
+use specmla::engine::{Engine, EngineConfig, Prompt, Request};
+use specmla::kernels::{measure_peak_flops, measure_read_bandwidth, MatrixData};
+use specmla::model::Model;
+use specmla::spec::SpecMode;
+use specmla::{Error, Result};
+
+use super::random_model::{prefill_flops, token_costs, write_random_checkpoint, BenchModelSpec, ScratchDir};
+use super::{progress, random_tokens, table, tokenizer_of, BenchArgs, Section};
+
+/// Decode measurement of one batch size.
+struct DecodeResult {
+    batch: usize,
+    steps: usize,
+    tokens: usize,
+    secs: f64,
+    step_p50_s: f64,
+    /// Mean context length (tokens in the latent cache) over the measured steps.
+    mean_ctx: f64,
+}
+
+fn bytes_per_weight(m: &Model) -> usize {
+    match &m.lm_head().data {
+        MatrixData::F32(_) => 4,
+        MatrixData::Bf16(_) => 2,
+        MatrixData::Fp8 { .. } => 1,
+    }
+}
+
+pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches: &[usize]) -> Result<Section> {
+    let threads = a.threads.max(1);
+    let prefill_len = a.prefill_len.unwrap_or(if a.quick { 128 } else { 512 });
+    let decode_steps = a.decode_steps.unwrap_or(if a.quick { 6 } else { 24 });
+    let warmup = if a.quick { 1 } else { 3 };
+    let prefill_reps = if a.quick { 1 } else { 2 };
+    let decode_prompt_len = if a.quick { 16 } else { 64 };
+
+    // ---- machine probes (same pool size as the engine)
+    progress(&format!("probing the machine with {threads} threads"));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::Engine(format!("thread pool: {e}")))?;
+    let probe_bytes = if a.quick { 256 << 20 } else { 512 << 20 };
+    let bw = pool.install(|| measure_read_bandwidth(probe_bytes, if a.quick { 3 } else { 5 }));
+    let peak = pool.install(|| measure_peak_flops(3));
+    drop(pool);
+
+    // ---- the model
+    let t = Instant::now();
+    let (scratch, dir) = match model_dir {
+        Some(d) => (None, d.to_path_buf()),
+        None => {
+            let spec = if a.quick { BenchModelSpec::quick() } else { BenchModelSpec::standard() };
+            let s = ScratchDir::new(scratch_base, "model");
+            progress(&format!("writing the random benchmark model to {}", s.0.display()));
+            write_random_checkpoint(&s.0, &spec.config_json(), a.seed)?;
+            let d = s.0.clone();
+            (Some(s), d)
+        }
+    };
+    let write_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let model = Arc::new(Model::load_dir(&dir)?);
+    let load_s = t.elapsed().as_secs_f64();
+    let tokenizer = tokenizer_of(&dir)?;
+    drop(scratch); // the weights are copied into the model; the file is no longer needed
+    let c = model.config.clone();
+    let wb = bytes_per_weight(&model);
+    let costs = token_costs(&c, wb);
+    let model_bytes = model.decode_bytes_per_token();
+    progress(&format!(
+        "model: {} params ({} active/token), written in {write_s:.1} s, loaded in {load_s:.1} s",
+        model.num_params(),
+        costs.active_params
+    ));
+
+    let max_batch = batches.iter().copied().max().unwrap_or(1);
+    let block_size = 16;
+    let per_req = decode_prompt_len + 1 + warmup + decode_steps + 2;
+    let num_blocks = max_batch * per_req.div_ceil(block_size) + (prefill_len + 2).div_ceil(block_size) + 8;
+    let cfg = EngineConfig {
+        threads,
+        kv_dtype: super::kv_dtype(a)?,
+        draft_kv_dtype: None,
+        block_size,
+        num_blocks,
+        draft_num_blocks: 1,
+        max_batch_tokens: prefill_len.max(max_batch * decode_prompt_len),
+        max_running: max_batch.max(1),
+        prefix_cache: false,
+        spec: SpecMode::Fixed(0),
+    };
+    let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
+    let vocab = c.vocab_size;
+    let lo = 3.min(vocab as u32 - 1);
+
+    // ---- prefill: one prompt of prefill_len in one chunk (max_tokens 1)
+    let mut prefill_best = f64::INFINITY;
+    for rep in 0..prefill_reps {
+        progress(&format!("prefill {prefill_len} tokens (rep {})", rep + 1));
+        let mut r = Request::new(Prompt::Tokens(random_tokens(prefill_len, vocab, lo, a.seed + 100 + rep as u64)));
+        r.sampling.max_tokens = 1;
+        r.sampling.ignore_eos = true;
+        let res = super::run_to_completion(&engine, vec![r])?;
+        prefill_best = prefill_best.min(res.wall_s);
+    }
+    let pf_flops = prefill_flops(&c, &costs, prefill_len);
+    let prefill_tps = prefill_len as f64 / prefill_best;
+    let prefill_frac = pf_flops / prefill_best / peak;
+
+    // ---- decode at each batch size
+    let kv_bpt = engine.stats().target_kv_bytes_per_token;
+    let mut decodes = Vec::new();
+    for (bi, &b) in batches.iter().enumerate() {
+        progress(&format!("decode batch {b}: {decode_steps} steps"));
+        decodes.push(decode(&engine, b, decode_prompt_len, warmup, decode_steps, vocab, lo, a.seed + 1000 * (bi as u64 + 1))?);
+    }
+
+    // ---- report
+    let b1 = decodes.iter().find(|d| d.batch == 1);
+    let roof = b1.map(|d| {
+        let step = d.secs / d.steps as f64;
+        let kv_read = d.mean_ctx * kv_bpt as f64;
+        let bytes = model_bytes as f64 + kv_read;
+        (bytes, kv_read, bytes / step / bw)
+    });
+    let mut text = String::new();
+    text += &format!(
+        "machine: {threads} threads, read bandwidth {:.1} GB/s, peak {:.1} GFLOP/s (f32 FMA)\n",
+        bw / 1e9,
+        peak / 1e9
+    );
+    text += &format!(
+        "model: {} ({}), {} layers, {:.1}M params, {:.1}M active/token, {} bytes/weight; {}\n",
+        if model_dir.is_some() { dir.display().to_string() } else { "random benchmark model".into() },
+        c.model_type.as_str(),
+        c.num_hidden_layers,
+        model.num_params() as f64 / 1e6,
+        costs.active_params as f64 / 1e6,
+        wb,
+        if model_dir.is_some() { format!("loaded in {load_s:.1} s") } else { format!("written in {write_s:.1} s, loaded in {load_s:.1} s") }
+    );
+    text += &format!(
+        "decode weight bytes/token: Model::decode_bytes_per_token {:.1} MB, config estimate {:.1} MB ({})\n",
+        model_bytes as f64 / 1e6,
+        costs.decode_weight_bytes as f64 / 1e6,
+        if model_bytes == costs.decode_weight_bytes { "equal".to_string() } else {
+            format!("differ by {:.2}%", 100.0 * (model_bytes as f64 - costs.decode_weight_bytes as f64) / costs.decode_weight_bytes as f64)
+        }
+    );
+    text += &format!("KV bytes/token ({}, all layers): {kv_bpt}\n\n", a.kv_dtype);
+    text += &format!(
+        "prefill {prefill_len} tokens: {:.3} s (best of {prefill_reps}) = {:.1} tokens/s; {:.1} GFLOP -> {:.1} GFLOP/s = {:.1}% of peak\n\n",
+        prefill_best,
+        prefill_tps,
+        pf_flops / 1e9,
+        pf_flops / prefill_best / 1e9,
+        100.0 * prefill_frac
+    );
+    let rows: Vec<Vec<String>> = decodes
+        .iter()
+        .map(|d| {
+            vec![
+                d.batch.to_string(),
+                format!("{:.1}", d.tokens as f64 / d.secs),
+                format!("{:.1}", 1e3 * d.secs / d.steps as f64),
+                format!("{:.1}", 1e3 * d.step_p50_s),
+                format!("{:.0}", d.mean_ctx),
+                d.steps.to_string(),
+            ]
+        })
+        .collect();
+    text += &table(&["batch", "decode tok/s", "ms/step mean", "ms/step p50", "context", "steps"], &rows);
+    if let Some((bytes, kv_read, frac)) = roof {
+        let d = b1.expect("batch 1");
+        let step = d.secs / d.steps as f64;
+        text += &format!(
+            "batch-1 roofline: {:.1} MB weights + {:.2} MB KV per step / {:.1} ms = {:.1} GB/s = {:.1}% of measured bandwidth\n",
+            model_bytes as f64 / 1e6,
+            kv_read / 1e6,
+            1e3 * step,
+            bytes / step / 1e9,
+            100.0 * frac
+        );
+    }
+    let json = json!({
+        "threads": threads,
+        "read_bandwidth_bytes_per_s": bw,
+        "peak_flops": peak,
+        "model": {
+            "path": if model_dir.is_some() { dir.display().to_string() } else { "random".into() },
+            "num_params": model.num_params(),
+            "active_params_per_token": costs.active_params,
+            "bytes_per_weight": wb,
+            "decode_bytes_per_token_model": model_bytes,
+            "decode_bytes_per_token_config": costs.decode_weight_bytes,
+            "write_s": write_s,
+            "load_s": load_s,
+        },
+        "kv_dtype": a.kv_dtype,
+        "kv_bytes_per_token": kv_bpt,
+        "prefill": {
+            "tokens": prefill_len, "seconds_best": prefill_best, "tokens_per_s": prefill_tps,
+            "flops": pf_flops, "compute_bound_fraction": prefill_frac, "reps": prefill_reps,
+        },
+        "decode": decodes.iter().map(|d| json!({
+            "batch": d.batch, "steps": d.steps, "tokens": d.tokens, "seconds": d.secs,
+            "tokens_per_s": d.tokens as f64 / d.secs, "ms_per_step_mean": 1e3 * d.secs / d.steps as f64,
+            "ms_per_step_p50": 1e3 * d.step_p50_s, "mean_context": d.mean_ctx,
+        })).collect::<Vec<_>>(),
+        "batch1_roofline": roof.map(|(bytes, kv_read, frac)| json!({
+            "bytes_per_step": bytes, "kv_bytes_per_step": kv_read, "bandwidth_fraction": frac,
+        })),
+    });
+    Ok(Section { name: "engine", json, text })
+}
+
+/// Run `b` requests to steady-state decode and time `steps` steps in which all of them decode.
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    engine: &Engine,
+    b: usize,
+    prompt_len: usize,
+    warmup: usize,
+    steps: usize,
+    vocab: usize,
+    lo: u32,
+    seed: u64,
+) -> Result<DecodeResult> {
+    let mut ids = Vec::with_capacity(b);
+    for i in 0..b {
+        let mut r = Request::new(Prompt::Tokens(random_tokens(prompt_len, vocab, lo, seed + i as u64)));
+        r.sampling.max_tokens = 1 + warmup + steps;
+        r.sampling.ignore_eos = true;
+        ids.push(engine.submit(r)?);
+    }
+    let mut got = vec![0usize; b];
+    let step = |got: &mut Vec<usize>| -> Result<usize> {
+        let mut n = 0;
+        for ev in engine.step()? {
+            if let Some(i) = ids.iter().position(|&x| x == ev.id) {
+                got[i] += ev.tokens.len();
+                n += ev.tokens.len();
+            }
+        }
+        Ok(n)
+    };
+    // prefill until every request has its first token, then warm up
+    let mut guard = 0;
+    while got.iter().any(|&g| g == 0) {
+        step(&mut got)?;
+        guard += 1;
+        if guard > 10_000 {
+            return Err(Error::Engine("bench: prefill did not finish".into()));
+        }
+    }
+    for _ in 0..warmup {
+        step(&mut got)?;
+    }
+    let ctx0 = prompt_len + got.iter().sum::<usize>() / b;
+    let mut times = Vec::with_capacity(steps);
+    let mut tokens = 0;
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        let t = Instant::now();
+        tokens += step(&mut got)?;
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    while engine.has_work() {
+        engine.step()?;
+    }
+    Ok(DecodeResult {
+        batch: b,
+        steps,
+        tokens,
+        secs,
+        step_p50_s: super::percentile(&times, 50.0),
+        // the step at context L reads L cached tokens (prompt + generated - 1, plus the new one)
+        mean_ctx: ctx0 as f64 + (steps as f64 - 1.0) / 2.0,
+    })
+}

@@ -1,0 +1,293 @@
+//! `specmla bench`: measured throughput of the real engine path, as ratios and roofline fractions.
+//!
+//! Modes (see docs/BENCHMARKS.md for results and method):
+//! - engine (default; `--engine` forces it next to the others): the machine's read bandwidth and
+//!   peak FLOP/s, prefill tokens/s and fraction of the compute bound, decode tokens/s at several
+//!   batch sizes and the batch-1 fraction of the bandwidth roofline (`engine_bench.rs`), on a
+//!   random V2-Lite-shaped checkpoint written by the bench (`random_model.rs`) or `--model DIR`.
+//! - speculation (`--draft DIR`, or `--spec` for the default pair / next to `--swap`): committed tokens/s with and without a draft model, acceptance,
+//!   break-even acceptance, reasoning budgets, answer accuracy, and the greedy identity check
+//!   (`spec_bench.rs`).
+//! - draft swaps (`--swap`): load/apply times, step latency around swaps, KV bytes per token per
+//!   dtype, fp8 vs bf16 draft KV (`swap_bench.rs`).
+//!
+//! Every mode drives `Engine` through its public API only (submit / step / stats /
+//! request_counters / set_draft_weights / swap_status). Output: a table on stdout, or one JSON
+//! object with `--json` (progress goes to stderr either way).
+
+mod engine_bench;
+mod random_model;
+mod spec_bench;
+mod swap_bench;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use serde_json::{json, Map, Value};
+
+use specmla::engine::{Engine, FinishReason, Request};
+use specmla::kv::KvDtype;
+use specmla::{Error, Result};
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Target model directory (default: a random V2-Lite-shaped benchmark model for the engine
+    /// bench; models/target for --draft / --swap).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Draft model directory: run the speculation bench.
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Run the draft-swap bench (draft: --draft or models/draft); alone unless --spec / --engine.
+    #[arg(long)]
+    pub swap: bool,
+    /// Also run the engine bench when --draft or --swap is given.
+    #[arg(long)]
+    pub engine: bool,
+    /// Run the speculation bench (implied by --draft unless --swap is given; default pair
+    /// models/target + models/draft).
+    #[arg(long)]
+    pub spec: bool,
+    /// Workload for the speculation and swap benches (JSON lines: prompt_token_ids or prompt,
+    /// answer, natural_thinking_tokens). Missing file: random token-id prompts.
+    #[arg(long, default_value = "models/workload/prompts.jsonl")]
+    pub workload: PathBuf,
+    /// Worker threads of the engine and of the machine probes.
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// ~30 s smoke run: smaller model and fewer steps and prompts.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Target KV cache dtype: f32, bf16, f16, fp8_e4m3.
+    #[arg(long, default_value = "bf16")]
+    pub kv_dtype: String,
+    /// Draft tokens per step (k) for fixed speculation; k_max for adaptive.
+    #[arg(long, default_value_t = 4)]
+    pub num_draft_tokens: usize,
+    /// Batch sizes (concurrent requests), comma-separated.
+    #[arg(long, default_value = "1,4,16")]
+    pub batches: String,
+    /// Prompt length of the prefill measurement (default 512; 128 with --quick).
+    #[arg(long)]
+    pub prefill_len: Option<usize>,
+    /// Measured decode steps per batch size (default 24; 6 with --quick).
+    #[arg(long)]
+    pub decode_steps: Option<usize>,
+    /// Workload prompts per speculation run (default 32; 8 with --quick).
+    #[arg(long)]
+    pub prompts: Option<usize>,
+    /// Max generated tokens per request in speculation / swap runs.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Where the random benchmark model is written (removed afterwards).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One bench section: JSON for machines, lines for people.
+pub struct Section {
+    pub name: &'static str,
+    pub json: Value,
+    pub text: String,
+}
+
+/// Progress line on stderr.
+pub fn progress(msg: &str) {
+    eprintln!("[bench] {msg}");
+}
+
+pub fn parse_batches(s: &str) -> Result<Vec<usize>> {
+    let v = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|_| Error::InvalidArgument(format!("--batches: bad number `{x}`"))))
+        .collect::<Result<Vec<_>>>()?;
+    if v.is_empty() || v.contains(&0) {
+        return Err(Error::InvalidArgument("--batches wants positive numbers".into()));
+    }
+    Ok(v)
+}
+
+/// The q-th percentile (0..=100, nearest rank) of `xs`; 0 for an empty slice.
+pub fn percentile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return 0.0;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
+    v[rank.min(v.len()) - 1]
+}
+
+/// A plain-text table with right-aligned columns.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.len());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells.iter().enumerate().map(|(i, c)| format!("{:>1$}", c, w[i])).collect::<Vec<_>>().join("  ")
+    };
+    let mut out = line(header.to_vec());
+    out.push('\n');
+    out.push_str(&w.iter().map(|n| "-".repeat(*n)).collect::<Vec<_>>().join("  "));
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out.push('\n');
+    out
+}
+
+/// Outcome of driving a set of requests to completion.
+pub struct RunResult {
+    /// Per request, in submission order: committed token ids.
+    pub tokens: Vec<Vec<u32>>,
+    pub wall_s: f64,
+}
+
+/// Submit every request, step until all finish; a request failing is an error.
+pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResult> {
+    let t0 = Instant::now();
+    let mut ids = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        ids.push(engine.submit(r)?);
+    }
+    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); ids.len()];
+    let mut open = ids.len();
+    while open > 0 {
+        for ev in engine.step()? {
+            let Some(i) = ids.iter().position(|&x| x == ev.id) else { continue };
+            tokens[i].extend_from_slice(&ev.tokens);
+            if let Some(f) = ev.finish {
+                if let FinishReason::Error(m) = f {
+                    return Err(Error::Engine(format!("bench request {} failed: {m}", ev.id)));
+                }
+                open -= 1;
+            }
+        }
+    }
+    Ok(RunResult { tokens, wall_s: t0.elapsed().as_secs_f64() })
+}
+
+/// Deterministic random token ids in [lo, vocab).
+pub fn random_tokens(n: usize, vocab: usize, lo: u32, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let span = (vocab as u64).saturating_sub(lo as u64).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            lo + (x % span) as u32
+        })
+        .collect()
+}
+
+fn default_dir(p: &Option<PathBuf>, d: &str) -> PathBuf {
+    p.clone().unwrap_or_else(|| PathBuf::from(d))
+}
+
+fn machine_load() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+}
+
+pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
+    KvDtype::parse(&a.kv_dtype)
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let batches = parse_batches(&a.batches)?;
+    let run_spec = a.spec || (a.draft.is_some() && !a.swap);
+    let run_engine = a.engine || (!run_spec && !a.swap);
+    let mut sections: Vec<Section> = Vec::new();
+    let t0 = Instant::now();
+    let load_before = machine_load();
+    if run_engine {
+        let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        sections.push(engine_bench::run(&a, a.model.as_deref(), &scratch_base, &batches)?);
+    }
+    if run_spec {
+        let target = default_dir(&a.model, "models/target");
+        let draft = default_dir(&a.draft, "models/draft");
+        sections.push(spec_bench::run(&a, &target, &draft, &batches)?);
+    }
+    if a.swap {
+        let target = default_dir(&a.model, "models/target");
+        let draft = default_dir(&a.draft, "models/draft");
+        sections.push(swap_bench::run(&a, &target, &draft)?);
+    }
+    let load_after = machine_load();
+    if a.json {
+        let mut m = Map::new();
+        m.insert("loadavg_before".into(), json!(load_before));
+        m.insert("loadavg_after".into(), json!(load_after));
+        m.insert("threads".into(), json!(a.threads));
+        m.insert("quick".into(), json!(a.quick));
+        m.insert("wall_s".into(), json!(t0.elapsed().as_secs_f64()));
+        for s in &sections {
+            m.insert(s.name.into(), s.json.clone());
+        }
+        println!("{}", Value::Object(m));
+    } else {
+        println!("machine load (1/5/15-min loadavg): before {load_before}; after {load_after}");
+        for s in &sections {
+            println!("\n== {} ==\n{}", s.name, s.text);
+        }
+        println!("bench wall time {:.1} s", t0.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Open a model's tokenizer (None when the directory has no tokenizer.json).
+pub fn tokenizer_of(dir: &Path) -> Result<Option<Arc<specmla::tokenizer::Tokenizer>>> {
+    Ok(specmla::tokenizer::Tokenizer::from_model_dir(dir)?.map(Arc::new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_nearest_rank() {
+        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&xs, 50.0), 50.0);
+        assert_eq!(percentile(&xs, 99.0), 99.0);
+        assert_eq!(percentile(&xs, 100.0), 100.0);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), 2.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+
+    #[test]
+    fn batches_parse_and_refuse_zero() {
+        assert_eq!(parse_batches("1, 4,16").unwrap(), vec![1, 4, 16]);
+        assert!(parse_batches("1,0").is_err());
+        assert!(parse_batches("x").is_err());
+    }
+
+    #[test]
+    fn random_tokens_stay_in_range() {
+        let t = random_tokens(1000, 50, 3, 9);
+        assert!(t.iter().all(|&x| (3..50).contains(&x)));
+        assert_eq!(t, random_tokens(1000, 50, 3, 9));
+        assert_ne!(t, random_tokens(1000, 50, 3, 10));
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["a", "bbb"], &[vec!["1234".into(), "x".into()]]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "   a  bbb");
+        assert_eq!(lines[2], "1234    x");
+    }
+}
