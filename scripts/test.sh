@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 echo "== cargo test (release)"
-cargo test --release --lib --bins --tests -- --test-threads=2
+cargo test --release --no-fail-fast --lib --bins --tests -- --test-threads=2
 if [ -f Makefile ] && grep -q '^test-bindings:' Makefile; then
   echo "== bindings (C, C++, Go, Node)"
   make test-bindings
