@@ -117,6 +117,47 @@ def argmax_tf(model, seqs: list[list[int]]) -> list[list[int]]:
     return res
 
 
+@torch.no_grad()
+def moe_stats(model, seqs: list[list[int]]) -> list[dict]:
+    """Per MoE layer: how much the routed experts contribute (mean ||routed|| / ||shared|| per
+    token), how many experts are used, and the router-bias range."""
+    out = []
+    hooks = []
+    for li, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        if not hasattr(mlp, "experts"):
+            continue
+        rec = {"layer": li}
+        store = {}
+        hooks.append(mlp.experts.register_forward_hook(lambda m, i, o, s=store: s.__setitem__("r", o)))
+        hooks.append(mlp.shared_experts.register_forward_hook(lambda m, i, o, s=store: s.__setitem__("s", o.reshape(-1, o.shape[-1]))))
+        hooks.append(mlp.gate.register_forward_hook(lambda m, i, o, s=store: s.__setitem__("idx", o[2])))
+        out.append((rec, store, mlp))
+    L = max(len(s) for s in seqs)
+    ids = torch.zeros((len(seqs), L), dtype=torch.long)  # [b, L]
+    for r, s in enumerate(seqs):
+        ids[r, :len(s)] = torch.tensor(s)
+    real = torch.zeros((len(seqs), L), dtype=torch.bool)  # [b, L] true on non-padding positions
+    for r, s in enumerate(seqs):
+        real[r, :len(s)] = True
+    real = real.reshape(-1)  # [b * L]
+    model(input_ids=ids, use_cache=False)
+    res = []
+    for rec, store, mlp in out:
+        rn = store["r"].reshape(-1, store["r"].shape[-1])[real].norm(dim=-1)  # [n_real]
+        sn = store["s"][real].norm(dim=-1)  # [n_real]
+        ratio = (rn / sn.clamp_min(1e-9)).mean().item()
+        used = torch.bincount(store["idx"][real].reshape(-1), minlength=mlp.gate.num_experts)
+        b = mlp.gate.e_score_correction_bias
+        rec.update({"routed_over_shared_norm": round(ratio, 4), "experts_used": int((used > 0).sum()),
+                    "max_expert_share": round(used.max().item() / used.sum().item(), 4),
+                    "bias_min": round(b.min().item(), 4), "bias_max": round(b.max().item(), 4)})
+        res.append(rec)
+    for h in hooks:
+        h.remove()
+    return res
+
+
 def split_trace(tok, gen: list[int]):
     """(thinking ids, ids after </think>) of a generated continuation."""
     end = tok.token_to_id(task.END_THINK)
@@ -215,6 +256,7 @@ def main():
     # Draft agreement, teacher-forced on the target's own greedy traces.
     seqs = [pr + g for pr, g in zip(prompts, gens)]
     tgt_am = argmax_tf(target, seqs)
+    result["target"]["moe_layers"] = moe_stats(target, seqs[:64])
     result["drafts"] = {}
     for dname in ("draft", "draft-weak"):
         dpath = os.path.join(args.models, dname)

@@ -23,8 +23,17 @@ def main():
     M = args.models
     cfg = {n: json.load(open(os.path.join(M, n, "config.json"))) for n in NAMES}
     st = {n: json.load(open(os.path.join(M, n, "train_stats.json"))) for n in NAMES}
+    for n in NAMES:  # a model trained in two phases: report both
+        ph1 = os.path.join(M, n, "train_stats_phase1.json")
+        if os.path.exists(ph1):
+            a = json.load(open(ph1))
+            b = st[n]
+            st[n] = dict(b, steps=f"{a['steps']}+{b['steps']}", train_tokens=a["train_tokens"] + b["train_tokens"],
+                         wall_s=a["wall_s"] + b["wall_s"],
+                         tokens_per_s=(a["train_tokens"] + b["train_tokens"]) / (a["wall_s"] + b["wall_s"]))
     ev = json.load(open(os.path.join(M, "eval.json")))
-    wall = json.load(open(os.path.join(M, "train_all.json"))).get("train_wall_s")
+    tall = json.load(open(os.path.join(M, "train_all.json")))
+    wall = tall.get("train_wall_s")
     size = {n: os.path.getsize(os.path.join(M, n, "model.safetensors")) for n in NAMES}
     total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(M) for f in fs)
 
@@ -42,11 +51,11 @@ def main():
       "by `tools/train/model_card.py` from the measured JSON files next to the models.\n")
     w("## Task\n")
     w("Each sample is `<bos>` question `<think>` scratchpad `</think>` answer `<eos>`:\n")
-    w("```\n<bos>Q: Let x=4. Evaluate mod 10: k+3,q-7,b+5<think>k+3:4+3=7;q-7:7-7=0;b+5:0+5=5;</think>The answer is 5.<eos>\n```\n")
-    w("A start value (always written `x=<digit>`) and 4..10 labelled operations with distinct "
-      "one-letter names; six question wordings and three operation separators. The scratchpad "
+    w("```\n<bos>Q: Let x=4. Evaluate mod 10: k+3,l-2,m+1<think>k+3:4+3=7;l-2:7-2=5;m+1:5+1=6;</think>The answer is 6.<eos>\n```\n")
+    w("A start value (always written `x=<digit>`) and 4..10 operations (add or subtract 1..3, "
+      "mod 10) labelled by consecutive letters from a random first letter (x skipped); six question wordings and three operation separators. The scratchpad "
       "applies one operation per step (8 tokens per step), so the answer (the last value) needs "
-      "every step: with the thinking cut short the model can only guess (10% is chance). "
+      "every step: with the thinking cut short the model can only guess. "
       "Training mixes in 15% of samples whose thinking is cut at a random token and followed by "
       "`</think>` and the right answer, so a forced early end is in distribution (the `</think>` of "
       "those samples is not trained on, so the model never learns to stop early). The loss covers "
@@ -56,7 +65,7 @@ def main():
     w(f"`tokenizer.json` (identical in every model directory): a BPE trained with the `tokenizers` "
       f"library, {t['vocab_size']} tokens. Special added tokens: `<pad>`=0, `<bos>`=1, `<eos>`=2, "
       "`<think>`=3, `</think>`=4. The pre-tokenizer isolates each digit, each signed digit (`+3`, "
-      "`-7` are single tokens), each word and each other character, so every scratchpad lookup is a "
+      "`-2` are single tokens), each word and each other character, so every scratchpad lookup is a "
       "single-token match; the decoder is `Fuse`, so decode(encode(x)) == x "
       f"(checked on {ev['tokenizer_roundtrip']['samples']} samples: "
       f"{ev['tokenizer_roundtrip']['failures']} failures). No post-processor: prompts carry their "
@@ -71,7 +80,7 @@ def main():
       "`rope_parameters` (yarn) and `rope_interleave: true` (checkpoint k_pe/q_pe pairs are "
       "interleaved), plus the explicit extra keys `topk_method: noaux_tc`, `scoring_func: sigmoid`; "
       "`num_nextn_predict_layers: 0` (no MTP weights). The router biases are non-zero "
-      "(aux-loss-free balancing was used in training), so an engine that ignores "
+      "(aux-loss-free balancing was used in fine-tuning), so an engine that ignores "
       "`e_score_correction_bias` routes differently.\n")
     w("| | target | draft / draft-weak |")
     w("|---|---|---|")
@@ -107,12 +116,19 @@ def main():
           f"{size[n] / 1e6:.1f} MB | {s['steps']} x {s['batch']} | {s['train_tokens'] / 1e6:.2f}M | "
           f"{s['wall_s'] / 60:.1f} min | {s['tokens_per_s']:.0f} | {s['final_loss_ema']:.3f} |")
     w("")
-    w(f"Command: `tools/train/train_all.sh` (pinned versions in `tools/train/requirements.txt`). It "
-      "trains the three models at the same time, one CPU thread each, seeded, AdamW with cosine "
-      "decay from lr 2e-3, then runs `check_models.py` and `evaluate.py`. Measured wall time for "
+    w("Command: `tools/train/train_all.sh` (pinned versions in `tools/train/requirements.txt`), "
+      "seeded. Stage 1 trains `draft` and `draft-weak` at the same time, one CPU thread each "
+      "(AdamW, cosine decay from lr 2e-3, batch 16). Stage 2 builds the target by function-preserving "
+      "sparse upcycling of the trained draft (`train.upcycle_from_draft`: layer i of the draft becomes "
+      "layer i of the target; in the MoE layers the draft's dense MLP becomes the shared expert and "
+      "the routed experts start with zero down projections, so the upcycled model reproduces the "
+      "draft's logits exactly, which is asserted), then fine-tunes every parameter (lr 1e-3 cosine, "
+      "aux-loss-free router-bias balancing: gamma 1e-3 every 10 steps) so the routed experts take "
+      "part. Measured wall time for "
       f"all training: {wall / 60:.1f} min on a 2-core machine that was also compiling Rust "
+      f"({tall.get('note', '')}) "
       "(tokens/s above are per model under that load; tokens count non-padding tokens). "
-      "CI never trains. Total size of `models/`: "
+      "CI never trains. Total size of `models/` (including `golden/`, which is not produced here): "
       f"{total / 1e6:.1f} MB.\n")
     w("## Evaluation\n")
     w(f"`tools/train/evaluate.py`, {ev['n_problems']} held-out problems, {ev['compute']}.\n")

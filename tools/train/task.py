@@ -1,12 +1,13 @@
 """Synthetic reasoning task and tokenizer for the bundled specmla models.
 
 Task: a mod-10 "program evaluation" chain. A question names a start value (always written
-``x=<digit>``) and a list of 4..10 labelled operations (``k+3``, ``q-7`` ...). The scratchpad
+``x=<digit>``) and a list of 4..10 operations labelled by consecutive letters from a random
+starting letter (``k+3``, ``l-2`` ...; x is skipped), each adding or subtracting 1..3. The scratchpad
 evaluates one operation per step (``k+3:4+3=7;``), so every step is a single-token lookup in the
 question plus a one-digit table lookup, and the answer (the last value) cannot be produced
 without the steps. Sample text:
 
-    <bos>Q: Let x=4. Evaluate mod 10: k+3,q-7,b+5<think>k+3:4+3=7;q-7:7-7=0;b+5:0+5=5;</think>The answer is 5.<eos>
+    <bos>Q: Let x=4. Evaluate mod 10: k+3,l-2,m+1<think>k+3:4+3=7;l-2:7-2=5;m+1:5+1=6;</think>The answer is 6.<eos>
 
 The tokenizer is a BPE trained with the `tokenizers` library. Its pre-tokenizer isolates every
 digit, every signed digit (``+3``, ``-7``: one token each), every word and every other character,
@@ -23,6 +24,10 @@ PAD, BOS, EOS, THINK, END_THINK = "<pad>", "<bos>", "<eos>", "<think>", "</think
 SPECIAL_TOKENS = [PAD, BOS, EOS, THINK, END_THINK]  # ids 0..4 in this order
 
 MIN_OPS, MAX_OPS = 4, 10
+# Operations add or subtract 1..MAX_STEP. Small steps keep the one-step table learnable by small
+# models (the result is correlated with the previous value alone, which gives the gradient a
+# first-order signal; with +0..9 both operands alone carry no information about the result).
+MAX_STEP = 3
 # Variable names: lowercase letters except x (x names the start value).
 VAR_NAMES = [c for c in string.ascii_lowercase if c != "x"]
 
@@ -42,8 +47,9 @@ def make_problem(rng: random.Random, n_ops: int | None = None) -> dict:
     """One problem: start value, labelled ops, question text, scratchpad steps, answer."""
     n = n_ops if n_ops is not None else rng.randint(MIN_OPS, MAX_OPS)
     start = rng.randint(0, 9)
-    names = rng.sample(VAR_NAMES, n)
-    ops = [(rng.choice("+-"), rng.randint(0, 9)) for _ in range(n)]
+    first = rng.randint(0, len(VAR_NAMES) - n)
+    names = VAR_NAMES[first:first + n]
+    ops = [(rng.choice("+-"), rng.randint(1, MAX_STEP)) for _ in range(n)]
     sep = rng.choice(OP_SEPARATORS)
     question = rng.choice(QUESTION_TEMPLATES).format(
         s=start, ops=sep.join(f"{nm}{sg}{d}" for nm, (sg, d) in zip(names, ops))
@@ -133,6 +139,6 @@ def problem_stream(seed: int):
 
 def heldout_problems(n: int, seed: int = 12345) -> list[dict]:
     """Held-out problems, disjoint from training in the sense of a separate seed; exact question
-    strings seen in training are astronomically unlikely (25P10 * 20^10 combinations)."""
+    strings seen in training are very unlikely (up to 10 * 6 * 3 * 16 * 6^10 combinations)."""
     rng = random.Random(seed)
     return [make_problem(rng) for _ in range(n)]

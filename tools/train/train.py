@@ -1,6 +1,7 @@
 """Train one bundled model (target, draft, draft-weak) on the mod-10 program-evaluation task.
 
-Usage: python tools/train/train.py --model target --steps N [--threads 2] [--out models]
+Usage: python tools/train/train.py --model NAME [--steps N] [--threads 1] [--out models]
+       [--init-from models/draft]   (the target is upcycled from the trained draft)
 Writes models/<name>/ (config.json, model.safetensors in bf16 with fp32 router gate/bias,
 tokenizer.json, tokenizer_config.json) and models/<name>/train_stats.json (wall time, tokens/s,
 loss curve). Seeded: the same command gives the same weights on the same torch build/thread count.
@@ -46,29 +47,31 @@ COMMON = dict(
     scoring_func="sigmoid",
 )
 
+ATTN = dict(  # MLA, shared by all models: kv_lora_rank 48 < heads x (nope + v) = 256
+    hidden_size=192, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=64, kv_lora_rank=48,
+    qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+)
 ARCHS = {
-    # ~35M total, ~3M active: dense layer 0, then 3 MoE layers (56 routed + 1 shared, top-2).
+    # ~34M total, ~3.4M active: dense layer 0, then 3 MoE layers (48 routed experts of 384 + one
+    # shared expert of 2 x 384, top-2 of 8 groups x 6, 4 groups kept). Shapes chosen so the
+    # trained draft embeds exactly (see `upcycle_from_draft`).
     "target": dict(
-        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
-        q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        intermediate_size=768, moe_intermediate_size=256, n_routed_experts=56, n_shared_experts=1,
-        num_experts_per_tok=2, n_group=8, topk_group=4, first_k_dense_replace=1,
-        norm_topk_prob=True, routed_scaling_factor=2.5,
+        ATTN, num_hidden_layers=4, intermediate_size=768, moe_intermediate_size=384,
+        n_routed_experts=48, n_shared_experts=2, num_experts_per_tok=2, n_group=8, topk_group=4,
+        first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
     ),
-    # ~1.9M dense (first_k_dense_replace = num_hidden_layers => no MoE layer).
+    # ~2M dense (first_k_dense_replace = num_hidden_layers => no MoE layer).
     "draft": dict(
-        hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-        q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        intermediate_size=1024, moe_intermediate_size=256, n_routed_experts=8, n_shared_experts=1,
-        num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=2,
-        norm_topk_prob=True, routed_scaling_factor=1.0,
+        ATTN, num_hidden_layers=4, intermediate_size=768, moe_intermediate_size=384,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=4, norm_topk_prob=True, routed_scaling_factor=1.0,
     ),
 }
 ARCHS["draft-weak"] = ARCHS["draft"]
 
-DEFAULTS = {  # steps, lr, seed (batch 16)
-    "target": dict(steps=700, lr=2e-3, seed=1),
-    "draft": dict(steps=900, lr=2e-3, seed=2),
+DEFAULTS = {  # steps, lr, seed (batch 16); the target is fine-tuned from the upcycled draft
+    "target": dict(steps=150, lr=1e-3, seed=1),
+    "draft": dict(steps=1000, lr=2e-3, seed=2),
     "draft-weak": dict(steps=100, lr=2e-3, seed=3),
 }
 
@@ -92,6 +95,36 @@ def count_params(model, cfg) -> dict:
         per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
         active = total - n_moe * (cfg.n_routed_experts - cfg.num_experts_per_tok) * per_expert
     return {"total": total, "active_per_token": active}
+
+
+@torch.no_grad()
+def upcycle_from_draft(target, draft_dir: str) -> None:
+    """Function-preserving sparse upcycling: afterwards the target computes exactly the draft's
+    logits (asserted), and fine-tuning then trains the routed experts in.
+
+    Draft layer i -> target layer i. In the target's MoE layers the draft's dense MLP
+    (intermediate 768) becomes the shared expert (2 x moe_intermediate 384) and every routed expert
+    starts with a zero down projection (its gate/up keep their random init). Embeddings, final norm
+    and lm_head are copied.
+    """
+    draft = DeepseekV3ForCausalLM.from_pretrained(draft_dir, dtype=torch.float32)
+    assert draft.config.num_hidden_layers == target.config.num_hidden_layers
+    dsd = draft.state_dict()
+    tsd = target.state_dict()
+    first_moe = target.config.first_k_dense_replace
+    for k, v in dsd.items():
+        tk = k
+        if k.startswith("model.layers.") and ".mlp." in k and int(k.split(".")[2]) >= first_moe:
+            tk = k.replace(".mlp.", ".mlp.shared_experts.")
+        assert tsd[tk].shape == v.shape, (tk, tsd[tk].shape, v.shape)
+        tsd[tk].copy_(v)
+    for k, v in tsd.items():
+        if k.endswith("mlp.experts.down_proj"):
+            v.zero_()
+    ids = torch.tensor([[1, 10, 20, 30, 40, 50, 3, 60, 70]])
+    diff = (target(input_ids=ids).logits - draft(input_ids=ids).logits).abs().max().item()
+    assert diff < 1e-4, f"upcycled target differs from the draft by {diff}"
+    print(f"upcycled from {draft_dir}: max logit difference {diff:.2e}", flush=True)
 
 
 def make_batches(tok, stream, rng, batch, n_groups, cut_frac):
@@ -151,6 +184,9 @@ def main():
     ap.add_argument("--cut-frac", type=float, default=0.15)
     ap.add_argument("--bias-gamma", type=float, default=1e-3)
     ap.add_argument("--out", default="models")
+    ap.add_argument("--init-from", help="draft directory to upcycle the target from")
+    ap.add_argument("--resume", help="model directory (same architecture) to continue training from,"
+                    " with a fresh optimizer and lr schedule")
     ap.add_argument("--probe", action="store_true", help="time 20 steps, save nothing")
     args = ap.parse_args()
     d = DEFAULTS[args.model]
@@ -164,6 +200,13 @@ def main():
     tok = task.train_tokenizer(seed=0)
     cfg = build_config(args.model, tok)
     model = DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.float32)
+    if args.init_from:
+        upcycle_from_draft(model, args.init_from)
+    if args.resume:
+        prev = DeepseekV3ForCausalLM.from_pretrained(args.resume, dtype=torch.float32)
+        model.load_state_dict(prev.state_dict())
+        del prev
+        print(f"resumed from {args.resume}", flush=True)
     model.train()
     params = count_params(model, model.config)
     print(f"{args.model}: params {params}", flush=True)
@@ -238,7 +281,7 @@ def main():
         "threads": args.threads, "cut_frac": args.cut_frac, "params": params,
         "train_tokens": tokens, "wall_s": round(wall, 1), "tokens_per_s": round(tokens / wall, 1),
         "final_loss_ema": round(ema, 4), "curve": curve,
-        "torch": torch.__version__,
+        "init_from": args.init_from, "resume": args.resume, "torch": torch.__version__,
     }
     with open(os.path.join(out_dir, "train_stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
