@@ -263,7 +263,7 @@ fn decode(
     };
     // prefill until every request has its first token, then warm up
     let mut guard = 0;
-    while got.iter().any(|&g| g == 0) {
+    while got.contains(&0) {
         step(&mut got)?;
         guard += 1;
         if guard > 10_000 {
