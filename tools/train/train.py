@@ -76,9 +76,16 @@ DEFAULTS = {  # steps, lr, seed (batch 16); the target is fine-tuned from the up
 }
 
 
+# Drafts train with lm_head tied to the input embedding and are saved untied (lm_head a copy):
+# untied from the start, the 4-layer draft's digit rows of lm_head collapsed to one direction
+# (cosine ~0.94), which leaves no gradient to tell digits apart, and digit loss stayed at chance.
+TIE_WHILE_TRAINING = {"target": False, "draft": True, "draft-weak": True}
+
+
 def build_config(name: str, tok) -> DeepseekV3Config:
     kw = dict(COMMON)
     kw.update(ARCHS[name])
+    kw["tie_word_embeddings"] = TIE_WHILE_TRAINING[name]
     kw["rope_parameters"] = dict(ROPE)
     kw["vocab_size"] = tok.get_vocab_size()
     kw["pad_token_id"] = tok.token_to_id(task.PAD)
@@ -158,6 +165,9 @@ def save_model(model, cfg, tok, out_dir):
     """bf16 weights, except the router gate weight and correction bias (fp32, as transformers keeps
     them when loading in bf16)."""
     os.makedirs(out_dir, exist_ok=True)
+    if model.config.tie_word_embeddings:  # save untied, as DeepSeek checkpoints are
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     model = model.to(torch.bfloat16)
     for mod in model.modules():
         if type(mod).__name__ == "DeepseekV3TopkRouter":
@@ -204,7 +214,10 @@ def main():
         upcycle_from_draft(model, args.init_from)
     if args.resume:
         prev = DeepseekV3ForCausalLM.from_pretrained(args.resume, dtype=torch.float32)
-        model.load_state_dict(prev.state_dict())
+        sd = prev.state_dict()
+        if model.config.tie_word_embeddings:  # output rows restart as the input embeddings
+            sd.pop("lm_head.weight")
+        model.load_state_dict(sd, strict=False)
         del prev
         print(f"resumed from {args.resume}", flush=True)
     model.train()
@@ -276,6 +289,7 @@ def main():
     out_dir = os.path.join(args.out, args.model)
     model.eval()
     save_model(model, model.config, tok, out_dir)
+    params = count_params(model, model.config)  # as saved (lm_head untied)
     stats = {
         "model": args.model, "steps": steps, "batch": args.batch, "lr": lr, "seed": seed,
         "threads": args.threads, "cut_frac": args.cut_frac, "params": params,
