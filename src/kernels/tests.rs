@@ -4,7 +4,7 @@
 
 use super::gemm::{matmul_with, WRef};
 use super::lanes;
-use super::vec_ops::dot_with;
+use super::vec_ops::{dot_rows_with, dot_with};
 use super::*;
 
 /// xorshift64* — deterministic test data without extra crates.
@@ -261,6 +261,26 @@ fn dot_is_the_matmul_order_and_accurate() {
         let r: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
         let mag: f64 = a.iter().zip(&b).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
         assert!((d as f64 - r).abs() <= 1e-6 * mag + 1e-30, "len {len}: {d} vs {r}");
+    }
+}
+
+#[test]
+fn dot_rows_equals_dot_bitwise() {
+    let mut rng = Rng(12);
+    for len in [0, 1, 7, 8, 9, 64, 128, 192, 576] {
+        for (count, pad) in [(0, 0), (1, 0), (3, 5), (4, 0), (9, 64), (17, 3)] {
+            let stride = len + pad;
+            let rows = rng.vec(count * stride + 1);
+            let x = rng.vec(len);
+            for isa in [Isa::detect(), Isa::portable()] {
+                let mut out = vec![0.0f32; count];
+                dot_rows_with(isa, &rows, stride, &x, &mut out);
+                for (r, o) in out.iter().enumerate() {
+                    let want = dot(&rows[r * stride..r * stride + len], &x);
+                    assert_eq!(o.to_bits(), want.to_bits(), "len {len} count {count} row {r}");
+                }
+            }
+        }
     }
 }
 

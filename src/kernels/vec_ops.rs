@@ -38,6 +38,60 @@ unsafe fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
     lanes::fma_tail(hsum8(acc[0][0]), &a[full..], &b[full..])
 }
 
+/// Many fixed-order dot products against one vector: `out[r] = dot(rows[r * stride..][..x.len()], x)`
+/// for r in 0..out.len(), each bitwise equal to [`dot`] (the same per-element lane sequence).
+/// On AVX2 four rows run interleaved so the FMA latency chains overlap (attention scores over
+/// consecutive keys). Panics if `rows` is too short (internal invariant).
+pub fn dot_rows(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
+    dot_rows_with(Isa::detect(), rows, stride, x, out)
+}
+
+pub(crate) fn dot_rows_with(isa: Isa, rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
+    let len = x.len();
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(rows.len() >= last * stride + len, "dot_rows: rows too short");
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.simd() {
+        // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected; the assert
+        // above keeps every row inside `rows`.
+        unsafe { dot_rows_simd(rows, stride, x, out) };
+        return;
+    }
+    let _ = isa;
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = lanes::dot_lanes(&rows[r * stride..r * stride + len], x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows_simd(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
+    use super::simd::{hsum8, tile};
+    use std::arch::x86_64::_mm256_setzero_ps;
+    const G: usize = 4;
+    let len = x.len();
+    let nch = len / LANES;
+    let full = nch * LANES;
+    let n = out.len();
+    let mut r = 0;
+    while r + G <= n {
+        let mut acc = [[_mm256_setzero_ps(); 1]; G];
+        tile::<f32, G, 1>(rows.as_ptr().add(r * stride), stride, x.as_ptr(), 0, nch, &mut acc);
+        for (g, a) in acc.iter().enumerate() {
+            let row = &rows[(r + g) * stride..(r + g) * stride + len];
+            out[r + g] = lanes::fma_tail(hsum8(a[0]), &row[full..], &x[full..]);
+        }
+        r += G;
+    }
+    for (rr, o) in out.iter_mut().enumerate().skip(r) {
+        let row = &rows[rr * stride..rr * stride + len];
+        let mut acc = [[_mm256_setzero_ps(); 1]; 1];
+        tile::<f32, 1, 1>(row.as_ptr(), 0, x.as_ptr(), 0, nch, &mut acc);
+        *o = lanes::fma_tail(hsum8(acc[0][0]), &row[full..], &x[full..]);
+    }
+}
+
 /// y += alpha * x (element-wise; a multiply then an add, two roundings).
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: length mismatch");

@@ -16,7 +16,7 @@
 use rayon::prelude::*;
 
 use crate::config::ModelConfig;
-use crate::kernels::{axpy, dot, matmul, rms_norm, softmax_inplace};
+use crate::kernels::{axpy, dot_rows, matmul, rms_norm, softmax_inplace};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
@@ -140,11 +140,13 @@ fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize
         let (m, h) = (i / nh, i % nh);
         let p = start + m;
         let qh = &q[(m * nh + h) * qk..(m * nh + h + 1) * qk];
+        // Scores over keys 0..=p: (q_nope.k_nope + q_pe.k_pe) * scale, each dot in the fixed order.
         let mut s = vec![0f32; p + 1]; // [p + 1]
-        for (t, st) in s.iter_mut().enumerate() {
-            let kn = &kvb[(t * nh + h) * hd..(t * nh + h) * hd + nope];
-            let kpe = &cache[t * kvd + kvl..(t + 1) * kvd];
-            *st = (dot(&qh[..nope], kn) + dot(&qh[nope..], kpe)) * scale;
+        let mut s_pe = vec![0f32; p + 1]; // [p + 1]
+        dot_rows(&kvb[h * hd..], nh * hd, &qh[..nope], &mut s);
+        dot_rows(&cache[kvl..], kvd, &qh[nope..], &mut s_pe);
+        for (st, sp) in s.iter_mut().zip(&s_pe) {
+            *st = (*st + *sp) * scale;
         }
         softmax_inplace(&mut s);
         o.fill(0.0);
@@ -165,13 +167,20 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     let m = q.len() / (nh * qk);
     // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
     let mut q_abs = vec![0f32; m * nh * kvd];
-    let mut qn = vec![0f32; m * nope]; // [m, nope]
-    let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
-    for h in 0..nh {
-        for i in 0..m {
-            qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
-        }
-        matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+    // Heads in parallel (each head's matmul alone is too small to split).
+    let q_lat: Vec<Vec<f32>> = (0..nh)
+        .into_par_iter()
+        .map(|h| {
+            let mut qn = vec![0f32; m * nope]; // [m, nope]
+            for i in 0..m {
+                qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
+            }
+            let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
+            matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+            ql
+        })
+        .collect();
+    for (h, ql) in q_lat.iter().enumerate() {
         for i in 0..m {
             let dst = &mut q_abs[(i * nh + h) * kvd..(i * nh + h + 1) * kvd];
             dst[..kvl].copy_from_slice(&ql[i * kvl..(i + 1) * kvl]);
@@ -185,9 +194,8 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
         let p = start + mi;
         let qa = &q_abs[(mi * nh + h) * kvd..(mi * nh + h + 1) * kvd];
         let mut s = vec![0f32; p + 1]; // [p + 1]
-        for (t, st) in s.iter_mut().enumerate() {
-            *st = dot(qa, &cache[t * kvd..(t + 1) * kvd]) * scale;
-        }
+        dot_rows(cache, kvd, qa, &mut s);
+        s.iter_mut().for_each(|st| *st *= scale);
         softmax_inplace(&mut s);
         o.fill(0.0);
         for (t, &pt) in s.iter().enumerate() {
@@ -195,13 +203,19 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
         }
     });
     // o^h = W_UV^h ctx^h
-    let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
-    let mut oh = vec![0f32; m * vdim]; // [m, v]
-    for h in 0..nh {
-        for i in 0..m {
-            ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
-        }
-        matmul(&a.w_uv[h], &ch, m, &mut oh);
+    let o_heads: Vec<Vec<f32>> = (0..nh)
+        .into_par_iter()
+        .map(|h| {
+            let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
+            for i in 0..m {
+                ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+            }
+            let mut oh = vec![0f32; m * vdim]; // [m, v]
+            matmul(&a.w_uv[h], &ch, m, &mut oh);
+            oh
+        })
+        .collect();
+    for (h, oh) in o_heads.iter().enumerate() {
         for i in 0..m {
             out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim].copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
         }
