@@ -4,7 +4,7 @@
 # One CPU thread per job (on a shared 2-core machine two 1-thread jobs beat one 2-thread job).
 #   stage 1: draft (1000 steps, seed 2) and draft-weak (100 steps, seed 3) side by side;
 #   stage 2: the target is upcycled from the trained draft (function-preserving, see
-#            train.upcycle_from_draft) and fine-tuned (150 steps, seed 1).
+#            train.upcycle_from_draft) and fine-tuned (30 steps, seed 1).
 # Logs: models/logs/. Wall time of all training: models/train_all.json.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
