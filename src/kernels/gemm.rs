@@ -98,9 +98,14 @@ pub(crate) fn matmul_with(
         // The blocks write a transposed buffer, scattered into y afterwards.
         let mut yt = vec![0.0f32; rows * n]; // [rows, n_tokens]
         job.run(&mut yt, parallel);
-        for (r, yr) in yt.chunks_exact(n).enumerate() {
-            for (t, v) in yr.iter().enumerate() {
-                y[t * rows + r] = *v;
+        // Transpose in bands of 16 rows so the writes into y stay in a few cache lines.
+        const BAND: usize = 16;
+        for r0 in (0..rows).step_by(BAND) {
+            let r1 = (r0 + BAND).min(rows);
+            for (t, yrow) in y.chunks_exact_mut(rows).enumerate() {
+                for (r, o) in yrow[r0..r1].iter_mut().enumerate() {
+                    *o = yt[(r0 + r) * n + t];
+                }
             }
         }
     }
@@ -399,12 +404,17 @@ impl Job<'_> {
                 c0 += nc;
                 b += 1;
             }
+            // Without a column tail (cols % 8 == 0) an element is just its lane sum.
+            let has_tail = cols % LANES != 0;
             for (i, orow) in out.chunks_exact_mut(n).enumerate() {
                 let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                for (t, o) in orow.iter_mut().enumerate().skip(tb0).take(nb) {
-                    let a: &[f32; LANES] =
-                        s.acc[(i * nb + t - tb0) * LANES..][..LANES].try_into().expect("8 lanes");
-                    *o = self.tail(wr0 + i, sc, t, lanes::hsum8(a));
+                let acc_i = &s.acc[i * nb * LANES..(i + 1) * nb * LANES]; // [nb, 8]
+                for (a, (t, o)) in
+                    acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb))
+                {
+                    let a: &[f32; LANES] = a.try_into().expect("8 lanes");
+                    let v = lanes::hsum8(a);
+                    *o = if has_tail { self.tail(wr0 + i, sc, t, v) } else { v };
                 }
             }
             tb0 += nb;
