@@ -364,8 +364,6 @@ impl Core {
         if let Some(p) = self.proposer.as_mut() {
             p.release(r.id);
         }
-        r.counters.reasoning_tokens = r.budget.reasoning as u64;
-        r.counters.answer_tokens = r.budget.answer as u64;
         self.finished_totals.add(&r.counters);
         self.retired.push((r.id, r.counters.clone()));
     }
@@ -448,10 +446,7 @@ fn commit(r: &mut ReqState, tok: u32, forced: bool, logits: &[f32], eos: &[u32],
             }
         }
     }
-    if finish.is_none() && !r.params.ignore_eos && (eos.contains(&tok) || r.params.stop_token_ids.contains(&tok)) {
-        finish = Some(FinishReason::Stop);
-    }
-    if finish.is_none() && r.params.stop_token_ids.contains(&tok) {
+    if finish.is_none() && ((!r.params.ignore_eos && eos.contains(&tok)) || r.params.stop_token_ids.contains(&tok)) {
         finish = Some(FinishReason::Stop);
     }
     if finish.is_none() && r.generated() >= r.params.max_tokens {

@@ -376,10 +376,7 @@ impl Engine {
         // publish counters, retire finished ids
         let mut snap = self.counters.lock().expect("counters lock");
         for r in core.running.iter().chain(core.waiting.iter()) {
-            let mut c = r.counters.clone();
-            c.reasoning_tokens = r.budget.reasoning as u64;
-            c.answer_tokens = r.budget.answer as u64;
-            snap.live.insert(r.id, c);
+            snap.live.insert(r.id, r.counters.clone());
         }
         for (id, c) in core.retired.drain(..) {
             snap.live.remove(&id);
@@ -405,10 +402,7 @@ impl Engine {
         let core = self.core.lock().expect("core lock");
         let mut totals = core.finished_totals.clone();
         for r in core.running.iter() {
-            let mut c = r.counters.clone();
-            c.reasoning_tokens = r.budget.reasoning as u64;
-            c.answer_tokens = r.budget.answer as u64;
-            totals.add(&c);
+            totals.add(&r.counters);
         }
         let kv = core.kv.stats();
         let draft_kv = core.proposer.as_ref().and_then(|p| p.kv_stats());
