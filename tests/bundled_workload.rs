@@ -183,3 +183,64 @@ fn greedy_matches_the_transformers_reference() {
     }
     assert_eq!(same, refs.len(), "{same}/{} greedy continuations equal transformers'", refs.len());
 }
+
+/// The answer after the last `The answer is D.` in a generated text.
+fn parsed_answer(text: &str) -> Option<&str> {
+    let at = text.rfind("The answer is ")? + "The answer is ".len();
+    let rest = &text[at..];
+    let digit = rest.get(..1).filter(|d| d.as_bytes()[0].is_ascii_digit())?;
+    rest[1..].starts_with('.').then_some(digit)
+}
+
+#[test]
+fn the_thinking_budget_changes_answers() {
+    // The budget must matter on the bundled task: with the full natural thinking the target
+    // (speculating with the bundled draft, k=4) answers held-out problems correctly; forced to end
+    // thinking at half its natural length it can only guess (chance is 10%), yet still answers.
+    let (target, draft) = model_pair();
+    assert!(target.ends_with("target"), "models/target missing: this test needs the trained pair");
+    let path = repo().join("models/workload/prompts.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} missing", path.display()));
+    let items: Vec<Value> = text.lines().take(160).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let e = engine(DraftSource::Dir(draft), SpecMode::Fixed(4));
+    let run = |half: bool| -> Vec<Output> {
+        let reqs = items
+            .iter()
+            .map(|w| {
+                let mut r = Request::new(Prompt::Tokens(ids(&w["prompt_token_ids"])));
+                r.sampling.max_tokens = 160;
+                if half {
+                    r.reasoning_budget = Some(w["natural_thinking_tokens"].as_u64().unwrap() as usize / 2);
+                }
+                r
+            })
+            .collect();
+        e.generate(reqs).unwrap()
+    };
+    let score = |outs: &[Output]| {
+        let ok = outs.iter().zip(&items).filter(|(o, w)| parsed_answer(&o.text) == w["answer"].as_str()).count();
+        100.0 * ok as f64 / items.len() as f64
+    };
+    let full = run(false);
+    let half = run(true);
+    let (acc_full, acc_half) = (score(&full), score(&half));
+    eprintln!("answer accuracy over {} problems: full thinking {acc_full:.1}%, half {acc_half:.1}%", items.len());
+    assert!(full.iter().all(|o| o.counters.forced_end_of_think == 0), "no budget, nothing forced");
+    for (o, w) in half.iter().zip(&items) {
+        assert_eq!(o.counters.forced_end_of_think, 1, "half budget forces the end: {}", o.text);
+        let budget = w["natural_thinking_tokens"].as_u64().unwrap() / 2;
+        assert!(o.counters.reasoning_tokens <= budget, "{} reasoning tokens over budget {budget}", o.counters.reasoning_tokens);
+        assert!(parsed_answer(&o.text).is_some(), "a forced end still produces an answer: {:?}", o.text);
+    }
+    assert!(acc_full >= 90.0, "full thinking answers {acc_full:.1}% (< 90%)");
+    assert!(acc_full - acc_half >= 30.0, "half budget {acc_half:.1}% vs full {acc_full:.1}%: the budget must matter");
+}
+
+#[test]
+fn parsed_answer_reads_the_last_answer() {
+    assert_eq!(parsed_answer("k+1:3+1=4;</think>The answer is 4.<eos>"), Some("4"));
+    assert_eq!(parsed_answer("The answer is 4.The answer is 7."), Some("7"));
+    assert_eq!(parsed_answer("The answer is x."), None);
+    assert_eq!(parsed_answer("The answer is 4"), None);
+    assert_eq!(parsed_answer("no answer"), None);
+}

@@ -201,7 +201,10 @@ impl Core {
                 self.time_draft_s += secs;
                 let kmax = asks.iter().map(|&j| plan[j].k_model).max().unwrap_or(1).max(1);
                 let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
-                self.draft_cost.observe(toks / kmax, secs / kmax as f64);
+                if toks > 0 {
+                    // a round that only caught up (bounded catch-up) says nothing of drafting cost
+                    self.draft_cost.observe(toks / kmax, secs / kmax as f64);
+                }
             }
             for (j, p) in asks.iter().zip(props) {
                 proposals[*j] = p;

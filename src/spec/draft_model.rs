@@ -4,6 +4,12 @@
 //! not seen (after a swap: the whole context, lazily), then drafts k tokens autoregressively, all
 //! requests batched into one draft forward per draft position. After verification the draft KV is
 //! truncated to the prefix still shared with the committed context — stale draft KV is never used.
+//!
+//! Catch-up is bounded per round so a swap (every request must re-feed its whole context) or a
+//! burst of new prompts does not stall a step: catch-ups of at most [`CATCHUP_INLINE`] tokens (the
+//! normal case, the tokens committed since the last round) always run; longer ones run whole while
+//! they fit a shared budget of [`CATCHUP_PER_ROUND`] tokens (in request order), and the rest feed
+//! parts of what remains of it and draft nothing that round (the target decodes them plainly).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +20,20 @@ use crate::model::{LogitsMode, Model, SeqChunk};
 use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng};
 
 use super::proposer::{Proposal, ProposeRequest, Proposer};
+
+/// Catch-ups up to this many tokens always run inline, whatever else the round holds.
+pub const CATCHUP_INLINE: usize = 16;
+/// Longer catch-ups share this many draft tokens per round, requests served in order.
+pub const CATCHUP_PER_ROUND: usize = 128;
+
+/// What one request does in a round.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Catch up on the whole unseen context, then draft k tokens.
+    Draft,
+    /// Feed this many unseen context tokens (not the last one); no drafts this round.
+    CatchUp(usize),
+}
 
 struct DraftSeq {
     kv: SeqKv,
@@ -65,8 +85,10 @@ impl DraftModelProposer {
 impl Proposer for DraftModelProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
         let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal { tokens: Vec::new(), q: Some(Vec::new()) }).collect();
-        // Reserve KV: context + (k - 1) fed drafts. Requests that do not fit draft nothing.
-        let mut active: Vec<usize> = Vec::new();
+        // Plan each request's role and reserve its KV: a drafting request needs context + (k - 1)
+        // fed drafts; a request catching up needs what it feeds. Requests that do not fit draft
+        // nothing.
+        let mut unseen: Vec<(usize, usize)> = Vec::new(); // (request index, unseen context tokens)
         for (i, r) in reqs.iter().enumerate() {
             if r.k == 0 || r.context.is_empty() {
                 continue;
@@ -80,11 +102,40 @@ impl Proposer for DraftModelProposer {
                 self.kv.truncate(&mut s.kv, keep);
                 s.fed.truncate(keep);
             }
-            let need = r.context.len() + r.k - 1;
+            unseen.push((i, r.context.len() - keep)); // >= 1
+        }
+        // Roles: short catch-ups always draft; long ones draft when they fit the shared budget
+        // whole (first come, first served), the rest feed parts of what remains of it.
+        let mut roles: Vec<Option<Role>> = vec![None; unseen.len()];
+        let mut shared_left = CATCHUP_PER_ROUND;
+        for (role, &(_, n)) in roles.iter_mut().zip(&unseen) {
+            if n <= CATCHUP_INLINE {
+                *role = Some(Role::Draft);
+            } else if n <= shared_left {
+                shared_left -= n;
+                *role = Some(Role::Draft);
+            }
+        }
+        for (role, &(_, n)) in roles.iter_mut().zip(&unseen) {
+            if role.is_none() && shared_left > 0 {
+                let part = (n - 1).min(shared_left);
+                shared_left -= part;
+                *role = Some(Role::CatchUp(part));
+            }
+        }
+        let mut active: Vec<(usize, Role)> = Vec::new();
+        for (&(i, _), role) in unseen.iter().zip(roles) {
+            let Some(role) = role else { continue }; // the round's catch-up budget is spent
+            let r = &reqs[i];
+            let s = self.seqs.get_mut(&r.id).expect("draft seq");
+            let need = match role {
+                Role::Draft => r.context.len() + r.k - 1,
+                Role::CatchUp(part) => s.fed.len() + part,
+            };
             match self.kv.plan_grow(&s.kv, need) {
                 Ok(plan) => {
                     self.kv.commit_grow(&mut s.kv, plan);
-                    active.push(i);
+                    active.push((i, role));
                 }
                 Err(_) => {
                     // Draft cache full: give up this request's draft KV (rebuilt later).
@@ -94,20 +145,22 @@ impl Proposer for DraftModelProposer {
             }
         }
         let vocab = self.model.config.vocab_size;
-        let kmax = active.iter().map(|&i| reqs[i].k).max().unwrap_or(0);
-        for step in 0..kmax {
-            let live: Vec<usize> = active.iter().copied().filter(|&i| reqs[i].k > step).collect();
+        let kmax = active.iter().filter(|(_, role)| *role == Role::Draft).map(|&(i, _)| reqs[i].k).max().unwrap_or(0);
+        for step in 0..kmax.max(usize::from(!active.is_empty())) {
+            // step 0: every active request (drafting or catching up); later: drafting ones only
+            let live: Vec<(usize, Role)> =
+                active.iter().copied().filter(|&(i, role)| step == 0 || (role == Role::Draft && reqs[i].k > step)).collect();
             if live.is_empty() {
                 break;
             }
             let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(live.len());
-            for &i in &live {
+            for &(i, role) in &live {
                 let r = &reqs[i];
                 let s = &self.seqs[&r.id];
-                let inp = if step == 0 {
-                    r.context[s.fed.len()..].to_vec()
-                } else {
-                    vec![*out[i].tokens.last().expect("previous draft")]
+                let inp = match role {
+                    Role::CatchUp(part) => r.context[s.fed.len()..s.fed.len() + part].to_vec(),
+                    Role::Draft if step == 0 => r.context[s.fed.len()..].to_vec(),
+                    Role::Draft => vec![*out[i].tokens.last().expect("previous draft")],
                 };
                 inputs.push(inp);
             }
@@ -115,20 +168,26 @@ impl Proposer for DraftModelProposer {
                 let chunks: Vec<SeqChunk> = live
                     .iter()
                     .zip(&inputs)
-                    .map(|(&i, inp)| {
+                    .map(|(&(i, role), inp)| {
                         let s = &self.seqs[&reqs[i].id];
-                        SeqChunk { kv: &s.kv, start: s.fed.len(), tokens: inp, mha_until: reqs[i].prompt_len, logits: LogitsMode::Last }
+                        let logits = if role == Role::Draft { LogitsMode::Last } else { LogitsMode::None };
+                        SeqChunk { kv: &s.kv, start: s.fed.len(), tokens: inp, mha_until: reqs[i].prompt_len, logits }
                     })
                     .collect();
                 self.model.forward(&mut self.kv, &chunks)?
             };
-            for (j, (&i, inp)) in live.iter().zip(&inputs).enumerate() {
+            let mut row_at = 0;
+            for (&(i, role), inp) in live.iter().zip(&inputs) {
                 let r = &reqs[i];
                 let s = self.seqs.get_mut(&r.id).expect("draft seq");
                 s.fed.extend_from_slice(inp);
                 let new_len = s.fed.len();
                 self.kv.set_len(&mut s.kv, new_len);
-                let row = &logits[j * vocab..(j + 1) * vocab]; // [vocab]
+                if role != Role::Draft {
+                    continue;
+                }
+                let row = &logits[row_at * vocab..(row_at + 1) * vocab]; // [vocab]
+                row_at += 1;
                 let q = processed_probs(row, r.params);
                 let tok = if is_greedy(r.params) { argmax(row) } else { sample_from(&q, &mut s.rng) };
                 out[i].tokens.push(tok);
@@ -178,5 +237,97 @@ impl Proposer for DraftModelProposer {
 
     fn has_model(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    fn draft_model() -> Arc<Model> {
+        Arc::new(Model::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/draft")).expect("bundled draft"))
+    }
+
+    fn kv_for(model: &Model) -> KvCache {
+        let c = &model.config;
+        KvCache::new(KvConfig {
+            num_layers: c.num_hidden_layers,
+            kv_lora_rank: c.kv_lora_rank,
+            rope_dim: c.qk_rope_head_dim,
+            block_size: 16,
+            num_blocks: 256,
+            dtype: KvDtype::F32,
+        })
+        .unwrap()
+    }
+
+    /// Greedy drafts of the model alone: the whole context in one forward, then k - 1 more.
+    fn reference_drafts(model: &Model, ctx: &[u32], prompt_len: usize, k: usize) -> Vec<u32> {
+        let mut kv = kv_for(model);
+        let mut seq = SeqKv::new();
+        let plan = kv.plan_grow(&seq, ctx.len() + k).unwrap();
+        kv.commit_grow(&mut seq, plan);
+        let (mut fed, mut input, mut out) = (0, ctx.to_vec(), Vec::new());
+        for _ in 0..k {
+            let chunk = SeqChunk { kv: &seq, start: fed, tokens: &input, mha_until: prompt_len, logits: LogitsMode::Last };
+            let logits = model.forward(&mut kv, &[chunk]).unwrap();
+            fed += input.len();
+            kv.set_len(&mut seq, fed);
+            out.push(argmax(&logits));
+            input = vec![*out.last().unwrap()];
+        }
+        out
+    }
+
+    #[test]
+    fn long_catch_ups_are_bounded_per_round_and_draft_the_same_tokens() {
+        let model = draft_model();
+        let vocab = model.config.vocab_size;
+        let mut p = DraftModelProposer::new(model.clone(), KvDtype::F32, 256, 16, vocab, "draft".into()).unwrap();
+        let params = SamplingParams::default();
+        let ctx = |len: usize, salt: u32| -> Vec<u32> { (0..len as u32).map(|i| 5 + (i * 7 + salt * 13) % (vocab as u32 - 5)).collect() };
+        let contexts = [ctx(200, 1), ctx(150, 2), ctx(10, 3), ctx(40, 4)];
+        let prompt_lens = [180, 150, 8, 40];
+        let k = 4;
+        let reqs: Vec<ProposeRequest> = contexts
+            .iter()
+            .zip(prompt_lens)
+            .enumerate()
+            .map(|(i, (c, pl))| ProposeRequest { id: i as u64, context: c, prompt_len: pl, k, params: &params })
+            .collect();
+        let mut drafted_in_round = [usize::MAX; 4];
+        let mut final_drafts: Vec<Vec<u32>> = vec![Vec::new(); 4];
+        for round in 0..10 {
+            let before: Vec<usize> = (0..4).map(|i| p.seqs.get(&(i as u64)).map_or(0, |s| s.fed.len())).collect();
+            let props = p.propose(&reqs).unwrap();
+            let mut caught_up = 0;
+            for (i, prop) in props.iter().enumerate() {
+                let after = p.seqs[&(i as u64)].fed.len();
+                if prop.tokens.is_empty() {
+                    caught_up += after - before[i];
+                    assert!(after < contexts[i].len(), "a request catching up never feeds its last token");
+                    p.check(i as u64, &contexts[i]).unwrap();
+                } else {
+                    assert_eq!(prop.tokens.len(), k);
+                    drafted_in_round[i] = drafted_in_round[i].min(round);
+                    final_drafts[i] = prop.tokens.clone();
+                }
+            }
+            assert!(caught_up <= CATCHUP_PER_ROUND, "round {round}: {caught_up} catch-up tokens");
+            if drafted_in_round.iter().all(|&r| r != usize::MAX) {
+                break;
+            }
+        }
+        // The short prompts draft at once, the long ones only after their catch-up rounds.
+        assert_eq!(drafted_in_round[2], 0);
+        assert_eq!(drafted_in_round[3], 0, "40 unseen tokens fit the shared budget");
+        assert!(drafted_in_round[0] >= 1 && drafted_in_round[0] != usize::MAX, "{drafted_in_round:?}");
+        assert!(drafted_in_round[1] >= 1 && drafted_in_round[1] != usize::MAX, "{drafted_in_round:?}");
+        for i in 0..4 {
+            assert_eq!(final_drafts[i], reference_drafts(&model, &contexts[i], prompt_lens[i], k), "request {i}");
+        }
     }
 }

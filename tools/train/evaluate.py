@@ -158,6 +158,36 @@ def moe_stats(model, seqs: list[list[int]]) -> list[dict]:
     return res
 
 
+@torch.no_grad()
+def routing_ablation(model, seqs: list[list[int]], ref_am: list[list[int]], lo_hi) -> dict:
+    """Does routing matter? Teacher-forced argmax agreement with the model's own argmax when every
+    token is sent to the wrong experts (each chosen index shifted by one, same weights) and when
+    the router's correction bias is ignored. Only positions predicting generated tokens count."""
+    gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
+
+    def agreement():
+        am = argmax_tf(model, seqs)
+        same = total = 0
+        for a, r, (lo, hi) in zip(am, ref_am, lo_hi):
+            same += sum(a[i] == r[i] for i in range(lo, hi))
+            total += hi - lo
+        return round(same / total, 4)
+
+    res = {}
+    hooks = [g.register_forward_hook(
+        lambda m, i, o: (o[0], o[1], (o[2] + 1) % m.num_experts)) for g in gates]
+    res["agreement_wrong_experts"] = agreement()
+    for h in hooks:
+        h.remove()
+    saved = [g.e_score_correction_bias.clone() for g in gates]
+    for g in gates:
+        g.e_score_correction_bias.zero_()
+    res["agreement_bias_ignored"] = agreement()
+    for g, b in zip(gates, saved):
+        g.e_score_correction_bias.copy_(b)
+    return res
+
+
 def split_trace(tok, gen: list[int]):
     """(thinking ids, ids after </think>) of a generated continuation."""
     end = tok.token_to_id(task.END_THINK)
@@ -257,6 +287,9 @@ def main():
     seqs = [pr + g for pr, g in zip(prompts, gens)]
     tgt_am = argmax_tf(target, seqs)
     result["target"]["moe_layers"] = moe_stats(target, seqs[:64])
+    gen_pos = [(len(pr) - 1, len(pr) + len(g) - 1) for pr, g in zip(prompts, gens)]
+    result["target"]["routing_ablation"] = routing_ablation(target, seqs[:200], tgt_am[:200], gen_pos[:200])
+    print("routing", json.dumps(result["target"]["routing_ablation"]), flush=True)
     result["drafts"] = {}
     for dname in ("draft", "draft-weak"):
         dpath = os.path.join(args.models, dname)

@@ -116,18 +116,24 @@ def main():
           f"{size[n] / 1e6:.1f} MB | {s['steps']} x {s['batch']} | {s['train_tokens'] / 1e6:.2f}M | "
           f"{s['wall_s'] / 60:.1f} min | {s['tokens_per_s']:.0f} | {s['final_loss_ema']:.3f} |")
     w("")
+    sd, sw, stg = st["draft"], st["draft-weak"], st["target"]
     w("Command: `tools/train/train_all.sh` (pinned versions in `tools/train/requirements.txt`), "
-      "seeded. Stage 1 trains `draft` and `draft-weak` at the same time, one CPU thread each "
-      "(AdamW, cosine decay from lr 2e-3, batch 16). Stage 2 builds the target by function-preserving "
-      "sparse upcycling of the trained draft (`train.upcycle_from_draft`: layer i of the draft becomes "
-      "layer i of the target; in the MoE layers the draft's dense MLP becomes the shared expert and "
-      "the routed experts start with zero down projections, so the upcycled model reproduces the "
-      "draft's logits exactly, which is asserted), then fine-tunes every parameter (lr 1e-3 cosine, "
-      "aux-loss-free router-bias balancing: gamma 1e-3 every 10 steps) so the routed experts take "
-      "part. Measured wall time for "
-      f"all training: {wall / 60:.1f} min on a 2-core machine that was also compiling Rust "
-      f"({tall.get('note', '')}) "
-      "(tokens/s above are per model under that load; tokens count non-padding tokens). "
+      "seeded; one CPU thread per job. Stage 1 trains `draft` "
+      f"({sd['steps']} steps, lr {sd['lr']}, seed {sd['seed']}) and `draft-weak` ({sw['steps']} steps, "
+      f"lr {sw['lr']}, seed {sw['seed']}: stopped early on purpose) at the same time (AdamW, warm-up "
+      "then cosine decay, batch 16). Stage 2 builds the target by split sparse upcycling of the "
+      "trained draft (`train.upcycle_from_draft`): layer i of the draft becomes layer i of the "
+      "target; in the MoE layers the draft's dense MLP (768 units) is split in two halves, the "
+      "shared expert computes the first half and every routed expert starts as a copy of the "
+      "second half with its down projection divided by `routed_scaling_factor`, so with "
+      "`norm_topk_prob` the upcycled target computes exactly the draft's logits whatever the "
+      f"routing (asserted; measured max logit difference {stg.get('upcycle_max_logit_diff') or 0:.1e}). "
+      f"Each routed expert is then scaled element-wise by (1 + {stg.get('upcycle_noise')} N(0,1)), "
+      f"and fine-tuning ({stg['steps']} steps, lr {stg['lr']}, aux-loss-free router-bias balancing: "
+      "gamma 1e-3 every 10 steps) repairs that noise through the experts each token is routed to, "
+      "so the routed experts carry real weight (see the routing figures below). "
+      f"Measured wall time for all training: {wall / 60:.1f} min on a 2-core machine "
+      f"({tall.get('note', 'stages as in train_all.sh')}); tokens count non-padding tokens. "
       "CI never trains. Total size of `models/` (including `golden/`, which is not produced here): "
       f"{total / 1e6:.1f} MB.\n")
     w("## Evaluation\n")
@@ -144,6 +150,22 @@ def main():
       f"{tl['mean']}, min {tl['min']}, p10 {tl['p10']}, median {tl['p50']}, p90 {tl['p90']}, "
       f"max {tl['max']}; histogram {json.dumps(tl['histogram_by_10'])}. Accuracy by number of "
       f"operations: {json.dumps({k: (None if v is None else round(v, 3)) for k, v in ev['target']['accuracy_by_n_ops'].items()})}.\n")
+    w("The thinking budget acts as a step, not a curve: the answer is the value after the last "
+      "operation, so a scratchpad cut anywhere before its end leaves the model guessing (chance is "
+      "10%).\n")
+    ml = ev["target"].get("moe_layers", [])
+    if ml:
+        w("MoE layers (first 64 traces): " + "; ".join(
+            f"layer {m['layer']}: routed/shared output norm {m['routed_over_shared_norm']}, "
+            f"{m['experts_used']} experts used, max expert share {m['max_expert_share']}, bias "
+            f"[{m['bias_min']}, {m['bias_max']}]" for m in ml) + ".")
+    ra = ev["target"].get("routing_ablation")
+    if ra:
+        w(f"Routing ablation (teacher-forced greedy agreement with the target's own argmax on 200 "
+          f"traces): every token sent to the wrong experts {pct(ra['agreement_wrong_experts'])}, "
+          f"router bias ignored {pct(ra['agreement_bias_ignored'])}. Wrong routing moves the logits "
+          "but flips few greedy tokens on this easy task, so the engine's routing is checked exactly "
+          "by the golden-logit tests instead.\n")
     w("Draft agreement with the target: teacher-forced on the target's own greedy traces, the fraction "
       "of positions where the draft's argmax equals the target's (the expected per-token acceptance "
       "under greedy verification); expected tokens per verification step walks the traces with a "

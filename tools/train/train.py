@@ -52,12 +52,12 @@ ATTN = dict(  # MLA, shared by all models: kv_lora_rank 48 < heads x (nope + v) 
     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
 )
 ARCHS = {
-    # ~34M total, ~3.4M active: dense layer 0, then 3 MoE layers (48 routed experts of 384 + one
-    # shared expert of 2 x 384, top-2 of 8 groups x 6, 4 groups kept). Shapes chosen so the
-    # trained draft embeds exactly (see `upcycle_from_draft`).
+    # ~33M total, ~3M active: dense layer 0, then 3 MoE layers (48 routed experts of 384 + one
+    # shared expert of 384, top-2 of 8 groups x 6, 4 groups kept). Shapes chosen so the trained
+    # draft's MLP (768) splits exactly into shared + routed halves (see `upcycle_from_draft`).
     "target": dict(
         ATTN, num_hidden_layers=4, intermediate_size=768, moe_intermediate_size=384,
-        n_routed_experts=48, n_shared_experts=2, num_experts_per_tok=2, n_group=8, topk_group=4,
+        n_routed_experts=48, n_shared_experts=1, num_experts_per_tok=2, n_group=8, topk_group=4,
         first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
     ),
     # ~2M dense (first_k_dense_replace = num_hidden_layers => no MoE layer).
@@ -70,9 +70,9 @@ ARCHS = {
 ARCHS["draft-weak"] = ARCHS["draft"]
 
 DEFAULTS = {  # steps, lr, seed (batch 16); the target is fine-tuned from the upcycled draft
-    "target": dict(steps=30, lr=1e-3, seed=1),
-    "draft": dict(steps=1000, lr=2e-3, seed=2),
-    "draft-weak": dict(steps=100, lr=2e-3, seed=3),
+    "target": dict(steps=300, lr=5e-4, seed=1),
+    "draft": dict(steps=3000, lr=3e-3, seed=4),
+    "draft-weak": dict(steps=300, lr=2e-3, seed=3),
 }
 
 
@@ -106,33 +106,58 @@ def count_params(model, cfg) -> dict:
 
 
 @torch.no_grad()
-def upcycle_from_draft(target, draft_dir: str) -> None:
-    """Function-preserving sparse upcycling: afterwards the target computes exactly the draft's
-    logits (asserted), and fine-tuning then trains the routed experts in.
+def upcycle_from_draft(target, draft_dir: str, noise: float) -> float:
+    """Split sparse upcycling: the upcycled target first computes exactly the draft's logits
+    (asserted), then the routed experts are perturbed so fine-tuning must train them in.
 
-    Draft layer i -> target layer i. In the target's MoE layers the draft's dense MLP
-    (intermediate 768) becomes the shared expert (2 x moe_intermediate 384) and every routed expert
-    starts with a zero down projection (its gate/up keep their random init). Embeddings, final norm
-    and lm_head are copied.
+    Draft layer i -> target layer i; embeddings, norms, attention and lm_head are copied. In the
+    target's MoE layers the draft's dense MLP (intermediate 2 x moe_intermediate) is split in two
+    halves of its units: the shared expert computes the first half, every routed expert starts as a
+    copy of the second half with its down projection divided by routed_scaling_factor. With
+    norm_topk_prob the routing weights sum to routed_scaling_factor, so any top-k of identical
+    experts adds exactly the second half: the target equals the draft whatever the routing.
+    Then each routed expert's weights are scaled element-wise by (1 + noise * N(0, 1)): the experts
+    now differ, and the loss can only be repaired through the experts each token is routed to
+    (an earlier zero-init upcycling left the routed experts inert: routed/shared norm < 0.01).
+    Returns the max logit difference before the noise.
     """
     draft = DeepseekV3ForCausalLM.from_pretrained(draft_dir, dtype=torch.float32)
-    assert draft.config.num_hidden_layers == target.config.num_hidden_layers
+    cfg = target.config
+    assert draft.config.num_hidden_layers == cfg.num_hidden_layers
+    half = cfg.moe_intermediate_size * cfg.n_shared_experts
+    assert draft.config.intermediate_size == 2 * half, "draft MLP must split into shared + routed"
+    assert cfg.moe_intermediate_size == half, "each routed expert holds the second half"
     dsd = draft.state_dict()
     tsd = target.state_dict()
-    first_moe = target.config.first_k_dense_replace
+    first_moe = cfg.first_k_dense_replace
     for k, v in dsd.items():
-        tk = k
-        if k.startswith("model.layers.") and ".mlp." in k and int(k.split(".")[2]) >= first_moe:
-            tk = k.replace(".mlp.", ".mlp.shared_experts.")
-        assert tsd[tk].shape == v.shape, (tk, tsd[tk].shape, v.shape)
-        tsd[tk].copy_(v)
-    for k, v in tsd.items():
-        if k.endswith("mlp.experts.down_proj"):
-            v.zero_()
-    ids = torch.tensor([[1, 10, 20, 30, 40, 50, 3, 60, 70]])
+        layer = int(k.split(".")[2]) if k.startswith("model.layers.") else -1
+        if layer >= first_moe and ".mlp." in k:
+            continue
+        assert tsd[k].shape == v.shape, (k, tsd[k].shape, v.shape)
+        tsd[k].copy_(v)
+    for layer in range(first_moe, cfg.num_hidden_layers):
+        d = f"model.layers.{layer}.mlp."
+        gate = dsd[d + "gate_proj.weight"]  # [2*half, hidden]
+        up = dsd[d + "up_proj.weight"]  # [2*half, hidden]
+        down = dsd[d + "down_proj.weight"]  # [hidden, 2*half]
+        tsd[d + "shared_experts.gate_proj.weight"].copy_(gate[:half])
+        tsd[d + "shared_experts.up_proj.weight"].copy_(up[:half])
+        tsd[d + "shared_experts.down_proj.weight"].copy_(down[:, :half])
+        gate_up = torch.cat([gate[half:], up[half:]], dim=0)  # [2*half, hidden]
+        tsd[d + "experts.gate_up_proj"].copy_(gate_up.expand_as(tsd[d + "experts.gate_up_proj"]))
+        routed_down = down[:, half:] / cfg.routed_scaling_factor  # [hidden, half]
+        tsd[d + "experts.down_proj"].copy_(routed_down.expand_as(tsd[d + "experts.down_proj"]))
+    ids = torch.tensor([[1, 10, 20, 30, 40, 50, 3, 60, 70, 80, 90, 11, 12, 13]])
     diff = (target(input_ids=ids).logits - draft(input_ids=ids).logits).abs().max().item()
     assert diff < 1e-4, f"upcycled target differs from the draft by {diff}"
     print(f"upcycled from {draft_dir}: max logit difference {diff:.2e}", flush=True)
+    for layer in range(first_moe, cfg.num_hidden_layers):
+        d = f"model.layers.{layer}.mlp.experts."
+        for name in ("gate_up_proj", "down_proj"):
+            w = tsd[d + name]
+            w.mul_(1.0 + noise * torch.randn_like(w))
+    return diff
 
 
 def make_batches(tok, stream, rng, batch, n_groups, cut_frac):
@@ -196,6 +221,8 @@ def main():
     ap.add_argument("--bias-gamma", type=float, default=1e-3)
     ap.add_argument("--out", default="models")
     ap.add_argument("--init-from", help="draft directory to upcycle the target from")
+    ap.add_argument("--upcycle-noise", type=float, default=0.3,
+                    help="relative element-wise noise on the upcycled routed experts")
     ap.add_argument("--tie-while-training", action="store_true")
     ap.add_argument("--resume", help="model directory (same architecture) to continue training from,"
                     " with a fresh optimizer and lr schedule")
@@ -212,8 +239,9 @@ def main():
     tok = task.train_tokenizer(seed=0)
     cfg = build_config(args.model, tok, True if args.tie_while_training else None)
     model = DeepseekV3ForCausalLM._from_config(cfg, dtype=torch.float32)
+    upcycle_diff = None
     if args.init_from:
-        upcycle_from_draft(model, args.init_from)
+        upcycle_diff = upcycle_from_draft(model, args.init_from, args.upcycle_noise)
     if args.resume:
         prev = DeepseekV3ForCausalLM.from_pretrained(args.resume, dtype=torch.float32)
         sd = prev.state_dict()
@@ -297,7 +325,8 @@ def main():
         "threads": args.threads, "cut_frac": args.cut_frac, "params": params,
         "train_tokens": tokens, "wall_s": round(wall, 1), "tokens_per_s": round(tokens / wall, 1),
         "final_loss_ema": round(ema, 4), "curve": curve,
-        "init_from": args.init_from, "resume": args.resume, "torch": torch.__version__,
+        "init_from": args.init_from, "upcycle_noise": args.upcycle_noise if args.init_from else None,
+        "upcycle_max_logit_diff": upcycle_diff, "resume": args.resume, "torch": torch.__version__,
     }
     with open(os.path.join(out_dir, "train_stats.json"), "w") as f:
         json.dump(stats, f, indent=1)
