@@ -22,8 +22,6 @@ use super::{Isa, Matrix, MatrixData};
 /// Rows per rayon task (and per scratch block) for one token / several tokens.
 const ROW_BLOCK_GEMV: usize = 32;
 const ROW_BLOCK_GEMM: usize = 64;
-/// Below this many multiply-adds a call runs on the calling thread (no rayon dispatch).
-const PAR_MIN_MACS: usize = 1 << 18;
 /// 8-column chunks per column block of the GEMM panel (non-fp8 weights).
 const KC_CHUNKS: usize = 16;
 /// Up to this many tokens the weights are decoded on the fly (memory-bound regime); above it
@@ -90,7 +88,7 @@ pub(crate) fn matmul_with(
         return;
     }
     let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
-    let parallel = rows * cols * n >= PAR_MIN_MACS && rows > rb && rayon::current_num_threads() > 1;
+    let parallel = rows > rb && super::worth_parallel(rows * cols * n);
     let job = Job { isa, w, cols, x, n, rb };
     if n == 1 {
         job.run(y, parallel);

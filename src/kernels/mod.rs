@@ -9,12 +9,14 @@
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
 //! activations, row lookup), `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
-//! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2).
+//! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `par.rs` (when a loop is
+//! worth the rayon pool).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
 mod bandwidth;
 mod gemm;
 mod lanes;
+mod par;
 pub mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -25,6 +27,7 @@ mod vec_ops;
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
 pub use gemm::{matmul, matmul_f32};
 pub use matrix::{Matrix, MatrixData};
+pub use par::{for_each_row, map_indices, worth_parallel, PAR_MIN_WORK};
 pub use vec_ops::{axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace};
 
 /// Which instruction set the kernels use. Detection is cheap (the standard library caches the

@@ -13,10 +13,8 @@
 //! Keys are visited in position order 0..=pos for every query, with fixed-order kernels, so a
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 
-use rayon::prelude::*;
-
 use crate::config::ModelConfig;
-use crate::kernels::{axpy, dot_rows, matmul, rms_norm, softmax_inplace};
+use crate::kernels::{axpy, dot_rows, for_each_row, map_indices, matmul, rms_norm, softmax_inplace};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
@@ -136,7 +134,8 @@ fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize
     let hd = nope + vdim;
     let mut kvb = vec![0f32; keys * nh * hd]; // [keys, H, nope + v]
     matmul(&a.kv_b_proj, &c, keys, &mut kvb);
-    out.par_chunks_mut(vdim).enumerate().for_each(|(i, o)| {
+    let work = out.len() / vdim * keys * (qk + vdim);
+    for_each_row(out, vdim, work, |i, o| {
         let (m, h) = (i / nh, i % nh);
         let p = start + m;
         let qh = &q[(m * nh + h) * qk..(m * nh + h + 1) * qk];
@@ -168,18 +167,15 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
     let mut q_abs = vec![0f32; m * nh * kvd];
     // Heads in parallel (each head's matmul alone is too small to split).
-    let q_lat: Vec<Vec<f32>> = (0..nh)
-        .into_par_iter()
-        .map(|h| {
-            let mut qn = vec![0f32; m * nope]; // [m, nope]
-            for i in 0..m {
-                qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
-            }
-            let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
-            matmul(&a.w_uk_t[h], &qn, m, &mut ql);
-            ql
-        })
-        .collect();
+    let q_lat: Vec<Vec<f32>> = map_indices(nh, nh * m * nope * kvl, |h| {
+        let mut qn = vec![0f32; m * nope]; // [m, nope]
+        for i in 0..m {
+            qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
+        }
+        let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
+        matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+        ql
+    });
     for (h, ql) in q_lat.iter().enumerate() {
         for i in 0..m {
             let dst = &mut q_abs[(i * nh + h) * kvd..(i * nh + h + 1) * kvd];
@@ -189,7 +185,8 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     }
     // ctx: [m, H, kv_lora] = sum_t p_t c_t
     let mut ctx = vec![0f32; m * nh * kvl];
-    ctx.par_chunks_mut(kvl).enumerate().for_each(|(i, o)| {
+    let keys = start + m;
+    for_each_row(&mut ctx, kvl, m * nh * keys * (kvd + kvl), |i, o| {
         let (mi, h) = (i / nh, i % nh);
         let p = start + mi;
         let qa = &q_abs[(mi * nh + h) * kvd..(mi * nh + h + 1) * kvd];
@@ -203,18 +200,15 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
         }
     });
     // o^h = W_UV^h ctx^h
-    let o_heads: Vec<Vec<f32>> = (0..nh)
-        .into_par_iter()
-        .map(|h| {
-            let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
-            for i in 0..m {
-                ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
-            }
-            let mut oh = vec![0f32; m * vdim]; // [m, v]
-            matmul(&a.w_uv[h], &ch, m, &mut oh);
-            oh
-        })
-        .collect();
+    let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
+        let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
+        for i in 0..m {
+            ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+        }
+        let mut oh = vec![0f32; m * vdim]; // [m, v]
+        matmul(&a.w_uv[h], &ch, m, &mut oh);
+        oh
+    });
     for (h, oh) in o_heads.iter().enumerate() {
         for i in 0..m {
             out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim].copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);

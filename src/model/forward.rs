@@ -1,9 +1,7 @@
 //! The forward pass over a flattened ragged batch.
 
-use rayon::prelude::*;
-
 use crate::error::{Error, Result};
-use crate::kernels::{matmul, matrix_row_f32, rms_norm};
+use crate::kernels::{for_each_row, matmul, matrix_row_f32, rms_norm};
 use crate::kv::KvCache;
 
 use super::attention::mla_attention;
@@ -39,7 +37,7 @@ impl Model {
             return Ok(Vec::new());
         }
         let mut x = vec![0f32; n * h]; // [n, hidden]
-        x.par_chunks_mut(h).zip(tokens.par_iter()).for_each(|(row, &t)| matrix_row_f32(&self.embed, t as usize, row));
+        for_each_row(&mut x, h, n * h, |i, row| matrix_row_f32(&self.embed, tokens[i] as usize, row));
         let mut xn = vec![0f32; n * h]; // [n, hidden]
         for (li, layer) in self.layers.iter().enumerate() {
             norm_rows(&x, &layer.input_norm, cfg.rms_norm_eps, &mut xn);
@@ -81,5 +79,5 @@ impl Model {
 /// RMSNorm of every row. x, out: [n, hidden].
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
-    out.par_chunks_mut(h).zip(x.par_chunks(h)).for_each(|(o, r)| rms_norm(r, w, eps, o));
+    for_each_row(out, h, x.len(), |i, o| rms_norm(&x[i * h..(i + 1) * h], w, eps, o));
 }

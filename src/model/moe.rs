@@ -9,10 +9,8 @@
 //! Per token, every sum has a fixed order, so the result does not depend on which other tokens
 //! were routed to the same experts.
 
-use rayon::prelude::*;
-
 use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
-use crate::kernels::{matmul, matmul_f32, silu_mul};
+use crate::kernels::{map_indices, matmul, matmul_f32, silu_mul};
 
 use super::weights::{Expert, Moe};
 
@@ -112,17 +110,15 @@ pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n:
     }
     let k = cfg.num_experts_per_tok;
     let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
-    let outs: Vec<Vec<f32>> = active
-        .par_iter()
-        .map(|&e| {
-            let toks = &per_expert[e];
-            let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
-            for (i, &(t, _)) in toks.iter().enumerate() {
-                xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
-            }
-            mlp(&m.experts[e], &xe, toks.len())
-        })
-        .collect();
+    let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
+    let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
+        let toks = &per_expert[active[ai]];
+        let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
+        for (i, &(t, _)) in toks.iter().enumerate() {
+            xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        mlp(&m.experts[active[ai]], &xe, toks.len())
+    });
     let mut slots = vec![0f32; n * k * h]; // [n, k, hidden]
     for (ai, &e) in active.iter().enumerate() {
         for (i, &(t, s)) in per_expert[e].iter().enumerate() {
