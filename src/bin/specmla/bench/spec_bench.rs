@@ -36,6 +36,20 @@ pub struct WorkItem {
     pub natural_thinking_tokens: Option<usize>,
 }
 
+impl WorkItem {
+    /// A greedy request for this prompt (token ids when the line has them).
+    pub fn request(&self, max_tokens: usize) -> Request {
+        let p = match (&self.prompt_token_ids, &self.prompt) {
+            (Some(ids), _) => Prompt::Tokens(ids.clone()),
+            (None, Some(t)) => Prompt::Text(t.clone()),
+            (None, None) => Prompt::Tokens(vec![0]),
+        };
+        let mut r = Request::new(p);
+        r.sampling.max_tokens = max_tokens;
+        r
+    }
+}
+
 /// Load up to `n` workload items; a missing file gives `n` random 16-token prompts (ids >= 3).
 pub fn load_workload(path: &Path, n: usize, vocab: usize, seed: u64) -> Result<(Vec<WorkItem>, String)> {
     if !path.is_file() {
@@ -152,13 +166,7 @@ fn run_once(
         .iter()
         .zip(budgets)
         .map(|(it, b)| {
-            let p = match (&it.prompt_token_ids, &it.prompt) {
-                (Some(ids), _) => Prompt::Tokens(ids.clone()),
-                (None, Some(t)) => Prompt::Text(t.clone()),
-                (None, None) => Prompt::Tokens(vec![0]),
-            };
-            let mut r = Request::new(p);
-            r.sampling.max_tokens = max_tokens;
+            let mut r = it.request(max_tokens);
             r.reasoning_budget = *b;
             r
         })

@@ -13,24 +13,13 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use specmla::engine::{DraftSource, Engine, EngineConfig, FinishReason, Prompt, Request, SwapStatus};
+use specmla::engine::{DraftSource, Engine, EngineConfig, FinishReason, SwapStatus};
 use specmla::kv::KvDtype;
 use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
 use super::spec_bench::{load_workload, WorkItem};
 use super::{percentile, progress, table, BenchArgs, Section};
-
-fn request(it: &WorkItem, max_tokens: usize) -> Request {
-    let p = match (&it.prompt_token_ids, &it.prompt) {
-        (Some(ids), _) => Prompt::Tokens(ids.clone()),
-        (None, Some(t)) => Prompt::Text(t.clone()),
-        (None, None) => Prompt::Tokens(vec![0]),
-    };
-    let mut r = Request::new(p);
-    r.sampling.max_tokens = max_tokens;
-    r
-}
 
 /// Keeps `batch` requests running by resubmitting workload prompts round-robin.
 struct Feeder<'a> {
@@ -45,7 +34,7 @@ struct Feeder<'a> {
 impl Feeder<'_> {
     fn top_up(&mut self) -> Result<()> {
         while self.running < self.batch {
-            self.engine.submit(request(&self.items[self.next % self.items.len()], self.max_tokens))?;
+            self.engine.submit(self.items[self.next % self.items.len()].request(self.max_tokens))?;
             self.next += 1;
             self.running += 1;
         }
@@ -185,7 +174,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         progress(&format!("swap bench: workload with {} draft KV", d.name()));
         let cfg = EngineConfig { draft_kv_dtype: Some(d), ..base.clone() };
         let e = Engine::new(target, src(), cfg)?;
-        let reqs = items.iter().map(|it| request(it, a.max_tokens)).collect();
+        let reqs = items.iter().map(|it| it.request(a.max_tokens)).collect();
         let res = super::run_to_completion(&e, reqs)?;
         let s = e.stats();
         let gen: usize = res.tokens.iter().map(Vec::len).sum();
