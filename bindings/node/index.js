@@ -22,9 +22,16 @@ class Engine {
     return native.submit(this._h, prompt, options);
   }
 
-  /** Run one step off the event loop; resolves to its events. */
+  /**
+   * Run one step off the event loop; resolves to its events. Steps run in call order: each
+   * starts when the previous one has settled, so the events of steps asked for together arrive
+   * in that order (the libuv pool alone does not promise it).
+   */
   step() {
-    return native.step(this._h);
+    const run = () => native.step(this._h);
+    const p = (this._lastStep || Promise.resolve()).then(run, run);
+    this._lastStep = p.catch(() => {});
+    return p;
   }
 
   /** Submit and step (off the event loop) until this request finishes. */

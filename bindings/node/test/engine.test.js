@@ -108,7 +108,7 @@ test('concurrent steps and submits from the event loop', async () => {
   const out = { [idA]: [], [idB]: [] };
   const open = new Set([idA, idB]);
   while (open.size) {
-    const [x, y] = await Promise.all([e.step(), e.step()]); // serialised inside the library
+    const [x, y] = await Promise.all([e.step(), e.step()]); // run in call order
     for (const ev of [...x, ...y]) {
       out[ev.requestId].push(...ev.tokens);
       if (ev.finishReason) open.delete(ev.requestId);
