@@ -164,8 +164,9 @@ def main():
         w(f"Routing ablation (teacher-forced greedy agreement with the target's own argmax on 200 "
           f"traces): every token sent to the wrong experts {pct(ra['agreement_wrong_experts'])}, "
           f"router bias ignored {pct(ra['agreement_bias_ignored'])}. Wrong routing moves the logits "
-          "but flips few greedy tokens on this easy task, so the engine's routing is checked exactly "
-          "by the golden-logit tests instead.\n")
+          "but flips few or no greedy tokens on this easy task (the routed experts were upcycled "
+          "from one MLP half), so the engine's routing is checked exactly by the golden-logit tests "
+          "instead.\n")
     w("Draft agreement with the target: teacher-forced on the target's own greedy traces, the fraction "
       "of positions where the draft's argmax equals the target's (the expected per-token acceptance "
       "under greedy verification); expected tokens per verification step walks the traces with a "

@@ -69,9 +69,14 @@ ARCHS = {
 }
 ARCHS["draft-weak"] = ARCHS["draft"]
 
-DEFAULTS = {  # steps, lr, seed (batch 16); the target is fine-tuned from the upcycled draft
+# steps, lr, seed (batch 16); the target is fine-tuned from the upcycled draft. The draft's seed
+# matters: on this machine seeds 4, 5 and 6 all left the digit plateau (loss ~0.5) by step ~1000,
+# but seeds 4 and 5 then stalled at loss ~0.04-0.05 with the op copy (`k` -> `+3` from the
+# question) confusing adjacent letters in later steps (60% wrong at step 10; 2000 more steps did
+# not fix it), while seed 6 reached loss 0.007 and 100% exact scratchpads.
+DEFAULTS = {
     "target": dict(steps=300, lr=5e-4, seed=1),
-    "draft": dict(steps=3000, lr=3e-3, seed=4),
+    "draft": dict(steps=3000, lr=3e-3, seed=6),
     "draft-weak": dict(steps=300, lr=2e-3, seed=3),
 }
 

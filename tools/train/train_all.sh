@@ -3,7 +3,7 @@
 #   tools/train/train_all.sh [python]        (default python: .venv/bin/python)
 # One CPU thread per job (on a shared 2-core machine two 1-thread jobs beat one 2-thread job).
 # Steps, lr and seed of each model are train.py's DEFAULTS:
-#   stage 1: draft (3000 steps, lr 3e-3, seed 4) and draft-weak (300 steps, lr 2e-3, seed 3,
+#   stage 1: draft (3000 steps, lr 3e-3, seed 6) and draft-weak (300 steps, lr 2e-3, seed 3,
 #            stopped early on purpose) side by side;
 #   stage 2: the target is upcycled from the trained draft (split sparse upcycling, function-
 #            preserving before the expert noise, see train.upcycle_from_draft) and fine-tuned
