@@ -9,7 +9,10 @@
 use rayon::prelude::*;
 
 /// Below this much work (multiply-adds or element operations) a loop runs on the calling thread.
-pub const PAR_MIN_WORK: usize = 1 << 18;
+/// Measured on the bundled pair (2-core EPYC, `specmla bench --spec --batches 1,16`, 4-5 alternated
+/// runs per setting): 2^15 gave batch-1 plain decode median ~2400 tok/s against ~1700 with 2^18
+/// (the GEMM's old threshold) and ~2000 before this module; 2^13 was no better; batch 16 unchanged.
+pub const PAR_MIN_WORK: usize = 1 << 15;
 
 /// True when `work` is large enough to split and the current pool has more than one thread.
 pub fn worth_parallel(work: usize) -> bool {
