@@ -191,14 +191,7 @@ impl Engine {
             return Err(Error::InvalidArgument("block_size and num_blocks must be > 0".into()));
         }
         let c = &model.config;
-        let kv = KvCache::new(KvConfig {
-            num_layers: c.num_hidden_layers,
-            kv_lora_rank: c.kv_lora_rank,
-            rope_dim: c.qk_rope_head_dim,
-            block_size: cfg.block_size,
-            num_blocks: cfg.num_blocks,
-            dtype: cfg.kv_dtype,
-        })?;
+        let kv = KvCache::new(KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype))?;
         let special = |name: &str| tokenizer.as_ref().and_then(|t| t.token_to_id(name)).map(|i| vec![i]).unwrap_or_default();
         let mut eos = c.eos_token_ids.clone();
         if let Some(e) = tokenizer.as_ref().and_then(|t| t.token_to_id("<eos>")) {

@@ -13,14 +13,7 @@ pub fn score_tokens(model: &Model, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     }
     let c = &model.config;
     let block_size = 16;
-    let mut kv = KvCache::new(KvConfig {
-        num_layers: c.num_hidden_layers,
-        kv_lora_rank: c.kv_lora_rank,
-        rope_dim: c.qk_rope_head_dim,
-        block_size,
-        num_blocks: tokens.len().div_ceil(block_size),
-        dtype: KvDtype::F32,
-    })?;
+    let mut kv = KvCache::new(KvConfig::for_model(c, block_size, tokens.len().div_ceil(block_size), KvDtype::F32))?;
     let mut seq = SeqKv::new();
     let plan = kv.plan_grow(&seq, tokens.len())?;
     kv.commit_grow(&mut seq, plan);

@@ -21,6 +21,7 @@ use super::dtype::{self, KvDtype};
 use super::pool::KvPool;
 use super::prefix_cache::{Parent, PrefixCache};
 use super::seq::{KvPlan, SeqKv};
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 
 /// Geometry and dtype of one latent cache.
@@ -38,6 +39,21 @@ pub struct KvConfig {
     pub num_blocks: usize,
     /// Stored element type.
     pub dtype: KvDtype,
+}
+
+impl KvConfig {
+    /// The latent cache geometry of a model: one layer per transformer layer, `[c_kv | k_pe]`
+    /// of width kv_lora_rank + qk_rope_head_dim per token.
+    pub fn for_model(model: &ModelConfig, block_size: usize, num_blocks: usize, dtype: KvDtype) -> Self {
+        KvConfig {
+            num_layers: model.num_hidden_layers,
+            kv_lora_rank: model.kv_lora_rank,
+            rope_dim: model.qk_rope_head_dim,
+            block_size,
+            num_blocks,
+            dtype,
+        }
+    }
 }
 
 /// Occupancy and prefix-cache counters.

@@ -60,14 +60,7 @@ impl DraftModelProposer {
             )));
         }
         let c = &model.config;
-        let kv = KvCache::new(KvConfig {
-            num_layers: c.num_hidden_layers,
-            kv_lora_rank: c.kv_lora_rank,
-            rope_dim: c.qk_rope_head_dim,
-            block_size,
-            num_blocks,
-            dtype: kv_dtype,
-        })?;
+        let kv = KvCache::new(KvConfig::for_model(c, block_size, num_blocks, kv_dtype))?;
         Ok(DraftModelProposer { model, kv, seqs: HashMap::new(), label })
     }
 
@@ -251,22 +244,9 @@ mod tests {
         Arc::new(Model::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/draft")).expect("bundled draft"))
     }
 
-    fn kv_for(model: &Model) -> KvCache {
-        let c = &model.config;
-        KvCache::new(KvConfig {
-            num_layers: c.num_hidden_layers,
-            kv_lora_rank: c.kv_lora_rank,
-            rope_dim: c.qk_rope_head_dim,
-            block_size: 16,
-            num_blocks: 256,
-            dtype: KvDtype::F32,
-        })
-        .unwrap()
-    }
-
     /// Greedy drafts of the model alone: the whole context in one forward, then k - 1 more.
     fn reference_drafts(model: &Model, ctx: &[u32], prompt_len: usize, k: usize) -> Vec<u32> {
-        let mut kv = kv_for(model);
+        let mut kv = KvCache::new(KvConfig::for_model(&model.config, 16, 256, KvDtype::F32)).unwrap();
         let mut seq = SeqKv::new();
         let plan = kv.plan_grow(&seq, ctx.len() + k).unwrap();
         kv.commit_grow(&mut seq, plan);

@@ -37,14 +37,7 @@ pub fn golden_reference(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>)> {
 
 pub fn kv_for(model: &Model, dtype: KvDtype, num_blocks: usize) -> KvCache {
     let c = &model.config;
-    KvCache::new(KvConfig {
-        num_layers: c.num_hidden_layers,
-        kv_lora_rank: c.kv_lora_rank,
-        rope_dim: c.qk_rope_head_dim,
-        block_size: 16,
-        num_blocks,
-        dtype,
-    })
+    KvCache::new(KvConfig::for_model(c, 16, num_blocks, dtype))
     .unwrap()
 }
 

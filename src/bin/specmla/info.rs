@@ -20,14 +20,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let c = &model.config;
     let mut kv = serde_json::Map::new();
     for dt in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
-        let cache = KvCache::new(KvConfig {
-            num_layers: c.num_hidden_layers,
-            kv_lora_rank: c.kv_lora_rank,
-            rope_dim: c.qk_rope_head_dim,
-            block_size: 16,
-            num_blocks: 1,
-            dtype: dt,
-        })?;
+        let cache = KvCache::new(KvConfig::for_model(c, 16, 1, dt))?;
         let per_layer = cache.bytes_per_token_per_layer();
         kv.insert(dt.name().into(), json!({"bytes_per_token_per_layer": per_layer, "bytes_per_token": per_layer * c.num_hidden_layers}));
     }
