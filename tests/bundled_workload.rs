@@ -5,8 +5,11 @@
 //!   multi-token end marker ("</think>" followed by "The"), stop strings, and max_tokens inside
 //!   thinking; the reasoning count never exceeds the budget.
 //! - the engine's greedy continuations equal transformers' (tools/train reference, fp32 compute).
+//! - the thinking budget changes answers: full thinking >= 90 % right on 160 held-out problems,
+//!   half the natural thinking >= 30 points worse, and a forced end still answers.
+//!
 //! The bundled models are committed; these tests fail if they are missing. (While models/target
-//! is absent the pair models/draft -> models/draft-weak stands in.)
+//! is absent the pair models/draft -> models/draft-weak stands in, except for the budget test.)
 
 mod common;
 
