@@ -202,10 +202,9 @@ fn the_thinking_budget_changes_answers() {
     // thinking at half its natural length it can only guess (chance is 10%), yet still answers.
     let (target, draft) = model_pair();
     assert!(target.ends_with("target"), "models/target missing: this test needs the trained pair");
-    let path = repo().join("models/workload/prompts.jsonl");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{} missing", path.display()));
-    let items: Vec<Value> = text.lines().take(160).map(|l| serde_json::from_str(l).unwrap()).collect();
     let e = engine(DraftSource::Dir(draft), SpecMode::Fixed(4));
+    let items = workload(160, e.tokenizer().expect("bundled tokenizer"));
+    assert!(items.iter().all(|w| w["answer"].is_string()), "models/workload/prompts.jsonl (with answers) missing");
     let run = |half: bool| -> Vec<Output> {
         let reqs = items
             .iter()

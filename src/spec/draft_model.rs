@@ -139,7 +139,9 @@ impl Proposer for DraftModelProposer {
         }
         let vocab = self.model.config.vocab_size;
         let kmax = active.iter().filter(|(_, role)| *role == Role::Draft).map(|&(i, _)| reqs[i].k).max().unwrap_or(0);
-        for step in 0..kmax.max(usize::from(!active.is_empty())) {
+        // one forward per draft position; at least one (step 0) when only catch-ups are active
+        let steps = if active.is_empty() { 0 } else { kmax.max(1) };
+        for step in 0..steps {
             // step 0: every active request (drafting or catching up); later: drafting ones only
             let live: Vec<(usize, Role)> =
                 active.iter().copied().filter(|&(i, role)| step == 0 || (role == Role::Draft && reqs[i].k > step)).collect();

@@ -37,8 +37,7 @@ pub fn golden_reference(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>)> {
 
 pub fn kv_for(model: &Model, dtype: KvDtype, num_blocks: usize) -> KvCache {
     let c = &model.config;
-    KvCache::new(KvConfig::for_model(c, 16, num_blocks, dtype))
-    .unwrap()
+    KvCache::new(KvConfig::for_model(c, 16, num_blocks, dtype)).unwrap()
 }
 
 /// Run `tokens` through the model in chunks of the given sizes (all through the path chosen by

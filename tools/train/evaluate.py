@@ -287,6 +287,7 @@ def main():
     seqs = [pr + g for pr, g in zip(prompts, gens)]
     tgt_am = argmax_tf(target, seqs)
     result["target"]["moe_layers"] = moe_stats(target, seqs[:64])
+    # positions whose prediction is a generated token
     gen_pos = [(len(pr) - 1, len(pr) + len(g) - 1) for pr, g in zip(prompts, gens)]
     result["target"]["routing_ablation"] = routing_ablation(target, seqs[:200], tgt_am[:200], gen_pos[:200])
     print("routing", json.dumps(result["target"]["routing_ablation"]), flush=True)
@@ -299,8 +300,7 @@ def main():
         d_am = argmax_tf(draft, seqs)
         all_m, think_m = [], []
         per_seq = []
-        for pr, g, ta, da in zip(prompts, gens, tgt_am, d_am):
-            lo, hi = len(pr) - 1, len(pr) + len(g) - 1  # positions predicting the generated tokens
+        for (lo, hi), g, ta, da in zip(gen_pos, gens, tgt_am, d_am):
             m = [ta[i] == da[i] for i in range(lo, hi)]
             per_seq.append(m)
             all_m += m
