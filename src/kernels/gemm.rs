@@ -40,6 +40,7 @@ const NR: usize = 3;
 pub(crate) enum WRef<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    F16(&'a [half::f16]),
     Fp8 { data: &'a [u8], scale_inv: &'a [f32], block_rows: usize, block_cols: usize },
 }
 
@@ -48,6 +49,7 @@ impl<'a> WRef<'a> {
         match &w.data {
             MatrixData::F32(v) => WRef::F32(v),
             MatrixData::Bf16(v) => WRef::Bf16(v),
+            MatrixData::F16(v) => WRef::F16(v),
             MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
                 WRef::Fp8 { data, scale_inv, block_rows: *block_rows, block_cols: *block_cols }
             }
@@ -214,6 +216,11 @@ impl Job<'_> {
                         *o = lanes::bf16_to_f32(*b);
                     }
                 }
+                WRef::F16(d) => {
+                    for (o, b) in row.iter_mut().zip(&d[wr * cols..(wr + 1) * cols]) {
+                        *o = b.to_f32();
+                    }
+                }
                 WRef::Fp8 { data, .. } => {
                     for (o, b) in row.iter_mut().zip(&data[wr * cols..(wr + 1) * cols]) {
                         *o = lanes::fp8_unscaled(*b);
@@ -242,6 +249,7 @@ impl Job<'_> {
             let wv = match self.w {
                 WRef::F32(d) => d[wr * cols + k],
                 WRef::Bf16(d) => lanes::bf16_to_f32(d[wr * cols + k]),
+                WRef::F16(d) => d[wr * cols + k].to_f32(),
                 WRef::Fp8 { data, block_cols, .. } => {
                     lanes::fp8_unscaled(data[wr * cols + k]) * sc256[k / block_cols]
                 }
@@ -307,6 +315,10 @@ impl Job<'_> {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
                             go!(p, u16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
                         }
+                        WRef::F16(d) => {
+                            let p = d.as_ptr().add((wr0 + i0) * cols);
+                            go!(p, half::f16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                        }
                         WRef::Fp8 { data, block_cols, .. } => {
                             let p = data.as_ptr().add((wr0 + i0) * cols);
                             let bch = block_cols / LANES;
@@ -369,6 +381,11 @@ impl Job<'_> {
                     WRef::Bf16(d) => {
                         let p = d.as_ptr().add(wr0 * cols + c0 * LANES);
                         to_panel::<u16>(p, cols, nrows, nc, &mut s.panel);
+                        (s.panel.as_ptr(), nc * LANES)
+                    }
+                    WRef::F16(d) => {
+                        let p = d.as_ptr().add(wr0 * cols + c0 * LANES);
+                        to_panel::<half::f16>(p, cols, nrows, nc, &mut s.panel);
                         (s.panel.as_ptr(), nc * LANES)
                     }
                     WRef::Fp8 { data, .. } => {

@@ -1,17 +1,97 @@
 //! Weight matrices as the kernels see them: row-major [rows = out_features, cols = in_features],
-//! stored in the checkpoint's precision (f32, bf16, or fp8 e4m3 with 2-D block scales).
+//! stored in the checkpoint's precision (f32, bf16, f16, or fp8 e4m3 with 2-D block scales).
 //! Model structs hold these; `kernels::matmul` reads them.
+//!
+//! Storage is a [`WeightBuf`]: a read-only slice that either borrows from a memory-mapped
+//! checkpoint (zero-copy; the mapping is kept alive by a shared owner handle) or owns a `Vec`
+//! (weights derived at load, tests, random models). Both look like `&[T]` to the kernels.
+
+use std::any::Any;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// A read-only slice of weights with a shared owner: an mmapped checkpoint, or an owned `Vec`.
+/// Cloning is cheap (the owner is reference-counted); sub-views share the owner.
+pub struct WeightBuf<T: Copy + 'static> {
+    /// Keeps the memory behind `ptr` alive (an `Arc<Vec<T>>`, or the checkpoint's mapping).
+    _owner: Arc<dyn Any + Send + Sync>,
+    ptr: *const T,
+    len: usize,
+}
+
+// SAFETY: the buffer is immutable for its whole life and its owner is Send + Sync; `T` is a
+// plain Copy number type.
+unsafe impl<T: Copy + Send + Sync + 'static> Send for WeightBuf<T> {}
+unsafe impl<T: Copy + Send + Sync + 'static> Sync for WeightBuf<T> {}
+
+impl<T: Copy + Send + Sync + 'static> WeightBuf<T> {
+    /// Own `v`.
+    pub fn owned(v: Vec<T>) -> Self {
+        let owner = Arc::new(v);
+        let (ptr, len) = (owner.as_ptr(), owner.len());
+        WeightBuf { _owner: owner, ptr, len }
+    }
+
+    /// Borrow `len` elements at `ptr`, kept alive by `owner`.
+    ///
+    /// # Safety
+    /// `ptr` must be aligned for `T` and point to `len` initialised elements inside memory that
+    /// `owner` keeps alive and that nothing mutates while any clone of the buffer exists.
+    pub unsafe fn borrowed(owner: Arc<dyn Any + Send + Sync>, ptr: *const T, len: usize) -> Self {
+        debug_assert!(ptr as usize % std::mem::align_of::<T>() == 0, "WeightBuf: misaligned");
+        WeightBuf { _owner: owner, ptr, len }
+    }
+
+    /// Elements [start, start + len) as a buffer sharing this one's owner.
+    pub fn slice(&self, start: usize, len: usize) -> Self {
+        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "WeightBuf::slice out of range");
+        // SAFETY: in range of a live, immutable buffer (checked above).
+        WeightBuf { _owner: Arc::clone(&self._owner), ptr: unsafe { self.ptr.add(start) }, len }
+    }
+}
+
+impl<T: Copy + 'static> Deref for WeightBuf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr..ptr + len` is initialised, aligned and kept alive by `_owner` (constructors).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: Copy + 'static> Clone for WeightBuf<T> {
+    fn clone(&self) -> Self {
+        WeightBuf { _owner: Arc::clone(&self._owner), ptr: self.ptr, len: self.len }
+    }
+}
+
+impl<T: Copy + 'static> fmt::Debug for WeightBuf<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "WeightBuf<{}>[{}]", std::any::type_name::<T>(), self.len)
+    }
+}
+
+impl<T: Copy + Send + Sync + 'static> From<Vec<T>> for WeightBuf<T> {
+    fn from(v: Vec<T>) -> Self {
+        WeightBuf::owned(v)
+    }
+}
 
 /// Storage of a weight matrix. All variants are row-major [rows, cols].
 #[derive(Clone, Debug)]
 pub enum MatrixData {
-    /// f32 weights (also used for f16 checkpoints, converted at load).
-    F32(Vec<f32>),
+    /// f32 weights.
+    F32(WeightBuf<f32>),
     /// bf16 weights as raw bit patterns.
-    Bf16(Vec<u16>),
+    Bf16(WeightBuf<u16>),
+    /// f16 weights (kept as f16; widened in the kernels, exactly).
+    F16(WeightBuf<half::f16>),
     /// fp8 e4m3fn bytes with block scales: W[i, j] = fp8[i, j] * scale_inv[i / block_rows, j / block_cols];
     /// scale_inv is row-major [ceil(rows / block_rows), ceil(cols / block_cols)].
-    Fp8 { data: Vec<u8>, scale_inv: Vec<f32>, block_rows: usize, block_cols: usize },
+    Fp8 { data: WeightBuf<u8>, scale_inv: WeightBuf<f32>, block_rows: usize, block_cols: usize },
 }
 
 /// A weight matrix [rows, cols] (out_features x in_features, as in `nn.Linear.weight`).
@@ -23,22 +103,30 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Self {
+    pub fn from_f32(rows: usize, cols: usize, data: impl Into<WeightBuf<f32>>) -> Self {
+        let data = data.into();
         assert_eq!(data.len(), rows * cols, "Matrix::from_f32 size");
         Matrix { rows, cols, data: MatrixData::F32(data) }
     }
-    pub fn from_bf16(rows: usize, cols: usize, data: Vec<u16>) -> Self {
+    pub fn from_bf16(rows: usize, cols: usize, data: impl Into<WeightBuf<u16>>) -> Self {
+        let data = data.into();
         assert_eq!(data.len(), rows * cols, "Matrix::from_bf16 size");
         Matrix { rows, cols, data: MatrixData::Bf16(data) }
+    }
+    pub fn from_f16(rows: usize, cols: usize, data: impl Into<WeightBuf<half::f16>>) -> Self {
+        let data = data.into();
+        assert_eq!(data.len(), rows * cols, "Matrix::from_f16 size");
+        Matrix { rows, cols, data: MatrixData::F16(data) }
     }
     pub fn from_fp8(
         rows: usize,
         cols: usize,
-        data: Vec<u8>,
-        scale_inv: Vec<f32>,
+        data: impl Into<WeightBuf<u8>>,
+        scale_inv: impl Into<WeightBuf<f32>>,
         block_rows: usize,
         block_cols: usize,
     ) -> Self {
+        let (data, scale_inv) = (data.into(), scale_inv.into());
         assert_eq!(data.len(), rows * cols, "Matrix::from_fp8 size");
         assert_eq!(
             scale_inv.len(),
@@ -47,12 +135,56 @@ impl Matrix {
         );
         Matrix { rows, cols, data: MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } }
     }
+
+    /// Rows [r0, r0 + n) as a matrix sharing this one's storage (no copy). fp8 views must start
+    /// on a scale-block boundary.
+    pub fn rows_view(&self, r0: usize, n: usize) -> Matrix {
+        assert!(r0 + n <= self.rows, "Matrix::rows_view out of range");
+        let c = self.cols;
+        let data = match &self.data {
+            MatrixData::F32(v) => MatrixData::F32(v.slice(r0 * c, n * c)),
+            MatrixData::Bf16(v) => MatrixData::Bf16(v.slice(r0 * c, n * c)),
+            MatrixData::F16(v) => MatrixData::F16(v.slice(r0 * c, n * c)),
+            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
+                assert!(r0 % block_rows == 0, "Matrix::rows_view: fp8 view off a block boundary");
+                let ncb = c.div_ceil(*block_cols);
+                let b0 = r0 / block_rows;
+                let nb = (r0 + n).div_ceil(*block_rows) - b0;
+                MatrixData::Fp8 {
+                    data: data.slice(r0 * c, n * c),
+                    scale_inv: scale_inv.slice(b0 * ncb, nb * ncb),
+                    block_rows: *block_rows,
+                    block_cols: *block_cols,
+                }
+            }
+        };
+        Matrix { rows: n, cols: c, data }
+    }
+
     /// Bytes the weights occupy in memory (what one full pass over the matrix reads).
     pub fn nbytes(&self) -> usize {
         match &self.data {
             MatrixData::F32(v) => v.len() * 4,
             MatrixData::Bf16(v) => v.len() * 2,
+            MatrixData::F16(v) => v.len() * 2,
             MatrixData::Fp8 { data, scale_inv, .. } => data.len() + scale_inv.len() * 4,
+        }
+    }
+    /// Bytes per stored weight (4, 2 or 1).
+    pub fn bytes_per_weight(&self) -> usize {
+        match &self.data {
+            MatrixData::F32(_) => 4,
+            MatrixData::Bf16(_) | MatrixData::F16(_) => 2,
+            MatrixData::Fp8 { .. } => 1,
+        }
+    }
+    /// The storage precision's name.
+    pub fn dtype_name(&self) -> &'static str {
+        match &self.data {
+            MatrixData::F32(_) => "f32",
+            MatrixData::Bf16(_) => "bf16",
+            MatrixData::F16(_) => "f16",
+            MatrixData::Fp8 { .. } => "fp8_e4m3",
         }
     }
     /// Number of weights.

@@ -26,7 +26,7 @@ mod vec_ops;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
 pub use gemm::{matmul, matmul_f32};
-pub use matrix::{Matrix, MatrixData};
+pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
 pub use vec_ops::{axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace};
 

@@ -31,6 +31,15 @@ impl WLoad for u16 {
     }
 }
 
+impl WLoad for half::f16 {
+    /// f16 -> f32 with F16C (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
+
 impl WLoad for u8 {
     /// e4m3 -> f32 times 2^-8 (see `lanes::fp8_unscaled`): byte into the high half of a u16,
     /// arithmetic shift right by one, clear bit 14, convert as f16.

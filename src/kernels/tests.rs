@@ -40,6 +40,7 @@ fn e4m3_exact(b: u8) -> Option<f64> {
 enum Kind {
     F32,
     Bf16,
+    F16,
     /// fp8 with (block_rows, block_cols)
     Fp8(usize, usize),
 }
@@ -48,11 +49,15 @@ fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix 
     match kind {
         Kind::F32 => Matrix::from_f32(rows, cols, rng.vec(rows * cols)),
         Kind::Bf16 => {
-            let d = (0..rows * cols).map(|_| (rng.f32().to_bits() >> 16) as u16).collect();
+            let d: Vec<u16> = (0..rows * cols).map(|_| (rng.f32().to_bits() >> 16) as u16).collect();
             Matrix::from_bf16(rows, cols, d)
         }
+        Kind::F16 => {
+            let d: Vec<half::f16> = (0..rows * cols).map(|_| half::f16::from_f32(rng.f32())).collect();
+            Matrix::from_f16(rows, cols, d)
+        }
         Kind::Fp8(br, bc) => {
-            let d = (0..rows * cols)
+            let d: Vec<u8> = (0..rows * cols)
                 .map(|_| loop {
                     let b = rng.next() as u8;
                     if b & 0x7f != 0x7f {
@@ -61,7 +66,7 @@ fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix 
                 })
                 .collect();
             let ns = rows.div_ceil(br) * cols.div_ceil(bc);
-            let s = (0..ns).map(|_| (rng.f32().abs() + 0.01) * 0.003).collect();
+            let s: Vec<f32> = (0..ns).map(|_| (rng.f32().abs() + 0.01) * 0.003).collect();
             Matrix::from_fp8(rows, cols, d, s, br, bc)
         }
     }
@@ -73,6 +78,7 @@ fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
     match &w.data {
         MatrixData::F32(d) => d[i] as f64,
         MatrixData::Bf16(d) => f32::from_bits((d[i] as u32) << 16) as f64,
+        MatrixData::F16(d) => d[i].to_f64(),
         MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
             let s = scale_inv[r / block_rows * w.cols.div_ceil(*block_cols) + k / block_cols];
             e4m3_exact(data[i]).expect("finite") * s as f64
@@ -84,8 +90,8 @@ fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
 }
 
-const KINDS: [Kind; 5] =
-    [Kind::F32, Kind::Bf16, Kind::Fp8(128, 128), Kind::Fp8(3, 16), Kind::Fp8(5, 12)];
+const KINDS: [Kind; 6] =
+    [Kind::F32, Kind::Bf16, Kind::F16, Kind::Fp8(128, 128), Kind::Fp8(3, 16), Kind::Fp8(5, 12)];
 
 #[test]
 fn fp8_decode_matches_exact_table() {
@@ -339,7 +345,7 @@ fn vector_ops_match_references() {
 #[test]
 fn matrix_rows_decode() {
     let mut rng = Rng(9);
-    for kind in [Kind::F32, Kind::Bf16] {
+    for kind in [Kind::F32, Kind::Bf16, Kind::F16] {
         let w = random_matrix(&mut rng, kind, 4, 13);
         let mut row = vec![0.0f32; 13];
         for r in 0..4 {

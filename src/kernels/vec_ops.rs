@@ -169,6 +169,11 @@ pub fn matrix_row_f32(w: &Matrix, r: usize, out: &mut [f32]) {
                 *o = lanes::bf16_to_f32(*b);
             }
         }
+        WRef::F16(d) => {
+            for (o, b) in out.iter_mut().zip(&d[r * cols..(r + 1) * cols]) {
+                *o = b.to_f32();
+            }
+        }
         WRef::Fp8 { data, scale_inv, block_rows, block_cols } => {
             let srow = &scale_inv[r / block_rows * cols.div_ceil(block_cols)..];
             for (k, (o, b)) in out.iter_mut().zip(&data[r * cols..(r + 1) * cols]).enumerate() {

@@ -1,6 +1,8 @@
 //! Building a `Model` from a checked `WeightStore`: every expected tensor by name, shape and dtype
 //! (errors name the tensor), plus the absorbed per-head W_UK^T / W_UV matrices derived from
-//! kv_b_proj in the same precision (bf16 stays bf16; fp8 is dequantised exactly to f32).
+//! kv_b_proj in the same precision (W_UV borrows kv_b_proj's rows; W_UK^T is a transposed copy).
+//! Weights borrow from the mapped checkpoint (see `weights::loader`): the model keeps the
+//! mapping alive, so nothing is loaded twice.
 
 use std::path::Path;
 
@@ -122,35 +124,56 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
     })
 }
 
-/// Split kv_b_proj [H*(nope+v), kv_lora] into per-head W_UK^T [kv_lora, nope] and W_UV [v, kv_lora],
-/// keeping bf16 as bf16 (exact) and everything else as exact f32.
+/// Per-head absorbed matrices from kv_b_proj [H*(nope+v), kv_lora]: W_UV^h [v, kv_lora] is a
+/// zero-copy row view of kv_b_proj; W_UK^h^T [kv_lora, nope] is a transposed copy in the same
+/// precision (exact: f32 / bf16 / f16 elements move; fp8 bytes move with their block grid
+/// transposed). fp8 heads that do not start on a scale-block boundary fall back to exact f32.
 fn absorb(kv_b: &Matrix, nh: usize, nope: usize, v: usize, kv_lora: usize) -> (Vec<Matrix>, Vec<Matrix>) {
-    let keep_bf16 = matches!(kv_b.data, MatrixData::Bf16(_));
-    let mut full = vec![0f32; kv_b.rows * kv_b.cols]; // [H*(nope+v), kv_lora]
-    for r in 0..kv_b.rows {
-        matrix_row_f32(kv_b, r, &mut full[r * kv_lora..(r + 1) * kv_lora]);
-    }
-    let make = |rows: usize, cols: usize, data: Vec<f32>| {
-        if keep_bf16 {
-            // Values came from bf16, so truncating the low half is exact.
-            Matrix::from_bf16(rows, cols, data.iter().map(|x| (x.to_bits() >> 16) as u16).collect())
-        } else {
-            Matrix::from_f32(rows, cols, data)
-        }
-    };
     let mut uk = Vec::with_capacity(nh);
     let mut uv = Vec::with_capacity(nh);
     for hd in 0..nh {
         let base = hd * (nope + v);
-        let mut t = vec![0f32; kv_lora * nope]; // [kv_lora, nope]
-        for n in 0..nope {
-            for c in 0..kv_lora {
-                t[c * nope + n] = full[(base + n) * kv_lora + c];
+        let (k, u) = match &kv_b.data {
+            MatrixData::F32(d) => (Matrix::from_f32(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
+            MatrixData::Bf16(d) => (Matrix::from_bf16(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
+            MatrixData::F16(d) => (Matrix::from_f16(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
+            MatrixData::Fp8 { data, scale_inv, block_rows: br, block_cols: bc }
+                if base % br == 0 && (base + nope) % br == 0 =>
+            {
+                let t = transpose(&data[base * kv_lora..], nope, kv_lora); // [kv_lora, nope]
+                let ncb = kv_lora.div_ceil(*bc);
+                let (sr, sc) = (kv_lora.div_ceil(*bc), nope.div_ceil(*br)); // transposed grid
+                let mut ts = vec![0f32; sr * sc]; // [ceil(kv_lora / bc), ceil(nope / br)]
+                for i in 0..sr {
+                    for j in 0..sc {
+                        ts[i * sc + j] = scale_inv[(base / br + j) * ncb + i];
+                    }
+                }
+                (Matrix::from_fp8(kv_lora, nope, t, ts, *bc, *br), None)
             }
-        }
-        uk.push(make(kv_lora, nope, t));
-        let w = full[(base + nope) * kv_lora..(base + nope + v) * kv_lora].to_vec(); // [v, kv_lora]
-        uv.push(make(v, kv_lora, w));
+            MatrixData::Fp8 { .. } => {
+                let mut full = vec![0f32; (nope + v) * kv_lora]; // [nope + v, kv_lora]
+                for r in 0..nope + v {
+                    matrix_row_f32(kv_b, base + r, &mut full[r * kv_lora..(r + 1) * kv_lora]);
+                }
+                let t = transpose(&full, nope, kv_lora);
+                let w = full[nope * kv_lora..].to_vec(); // [v, kv_lora]
+                (Matrix::from_f32(kv_lora, nope, t), Some(Matrix::from_f32(v, kv_lora, w)))
+            }
+        };
+        uk.push(k);
+        uv.push(u.unwrap_or_else(|| kv_b.rows_view(base + nope, v)));
     }
     (uk, uv)
+}
+
+/// The first `rows` rows of `src` ([rows, cols] row-major) transposed: [cols, rows].
+fn transpose<T: Copy + Default>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = vec![T::default(); rows * cols]; // [cols, rows]
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = src[r * cols + c];
+        }
+    }
+    t
 }

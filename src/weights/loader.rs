@@ -5,14 +5,30 @@
 //! caller asked for and a supported float dtype; fp8 weights come with a correctly shaped f32
 //! block-scale sibling. Otherwise `Error::Tensor { name, msg }` with a message such as `missing`,
 //! `expected shape [64, 128], found [64, 127]` or `expected dtype one of f32/bf16/f16/f8_e4m3,
-//! found i64`. Precision: f32 and bf16 are kept as stored, f16 is widened to f32 (exact), fp8 is
-//! kept as bytes + scales.
+//! found i64`. Precision: every matrix is kept as stored (f32, bf16, f16, fp8 bytes + f32 scales).
+//! Zero-copy: a matrix whose bytes are aligned for its element type borrows them from the mapped
+//! checkpoint (the mapping stays alive while any matrix uses it); only a misaligned tensor (or a
+//! big-endian host) is copied.
 
 use super::dtype::{copy_u16, decode_to_f32, DType};
 use super::safetensors_store::{TensorView, WeightStore};
 use crate::config::Fp8Quant;
 use crate::error::{Error, Result};
-use crate::kernels::Matrix;
+use crate::kernels::{Matrix, WeightBuf};
+
+/// The tensor's bytes as a buffer of `T` borrowed from the mapping when aligned (little-endian
+/// hosts), else `None` (the caller copies).
+fn borrow_as<T: Copy + Send + Sync + 'static>(v: &TensorView<'_>) -> Option<WeightBuf<T>> {
+    let size = std::mem::size_of::<T>();
+    let p = v.data.as_ptr();
+    if cfg!(target_endian = "little") && (p as usize) % std::mem::align_of::<T>() == 0 && v.data.len() % size == 0 {
+        // SAFETY: aligned, in bounds of the shard (validated at open), immutable, and kept alive
+        // by `owner`; T is a plain number type for which every bit pattern is valid.
+        Some(unsafe { WeightBuf::borrowed(v.owner.clone(), p as *const T, v.data.len() / size) })
+    } else {
+        None
+    }
+}
 
 /// Loads tensors from a store, checking them against the shapes the model expects.
 #[derive(Clone, Copy, Debug)]
@@ -51,7 +67,7 @@ impl<'a> Loader<'a> {
 
     /// The f32 block scales of fp8 weight `name` ([rows, cols]): row-major
     /// [ceil(rows / block_rows), ceil(cols / block_cols)].
-    fn scales(&self, name: &str, rows: usize, cols: usize) -> Result<(Vec<f32>, Fp8Quant)> {
+    fn scales(&self, name: &str, rows: usize, cols: usize) -> Result<(WeightBuf<f32>, Fp8Quant)> {
         let q = self.quant.ok_or_else(|| {
             Error::tensor(name, "stored as f8_e4m3 but config.json has no fp8 quantization_config")
         })?;
@@ -61,21 +77,34 @@ impl<'a> Loader<'a> {
         if s.dtype != DType::F32 {
             return Err(Error::tensor(sname, format!("expected dtype f32, found {}", s.dtype)));
         }
-        let v = decode_to_f32(&s.dtype, s.data).expect("f32 decodes"); // [ceil(rows/br), ceil(cols/bc)]
+        // [ceil(rows/br), ceil(cols/bc)]
+        let v = borrow_as::<f32>(&s).unwrap_or_else(|| decode_to_f32(&s.dtype, s.data).expect("f32 decodes").into());
         Ok((v, q))
     }
 
     /// Weight matrix `name` of shape [rows, cols] (out_features x in_features).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let v = self.view(name, &[rows, cols])?;
+        // Every arm: [rows, cols], borrowed from the mapping when aligned.
         Ok(match v.dtype {
-            DType::F32 | DType::F16 => {
-                Matrix::from_f32(rows, cols, decode_to_f32(&v.dtype, v.data).expect("float")) // [rows, cols]
+            DType::F32 => Matrix::from_f32(
+                rows,
+                cols,
+                borrow_as::<f32>(&v).unwrap_or_else(|| decode_to_f32(&v.dtype, v.data).expect("float").into()),
+            ),
+            DType::F16 => Matrix::from_f16(
+                rows,
+                cols,
+                borrow_as::<half::f16>(&v)
+                    .unwrap_or_else(|| copy_u16(v.data).into_iter().map(half::f16::from_bits).collect::<Vec<_>>().into()),
+            ),
+            DType::BF16 => {
+                Matrix::from_bf16(rows, cols, borrow_as::<u16>(&v).unwrap_or_else(|| copy_u16(v.data).into()))
             }
-            DType::BF16 => Matrix::from_bf16(rows, cols, copy_u16(v.data)), // [rows, cols]
             DType::F8E4M3 => {
                 let (scale_inv, q) = self.scales(name, rows, cols)?;
-                Matrix::from_fp8(rows, cols, v.data.to_vec(), scale_inv, q.block_rows, q.block_cols)
+                let data = borrow_as::<u8>(&v).expect("bytes are always aligned");
+                Matrix::from_fp8(rows, cols, data, scale_inv, q.block_rows, q.block_cols)
             }
             DType::Other(_) => unreachable!("view() refuses Other"),
         })
@@ -99,6 +128,7 @@ impl<'a> Loader<'a> {
         if v.dtype == DType::F8E4M3 {
             let (scale_inv, q) = self.scales(name, rows, cols)?;
             let sc = cols.div_ceil(q.block_cols);
+            let scale_inv = &*scale_inv;
             for (i, row) in out.chunks_exact_mut(cols.max(1)).enumerate() {
                 for (j, x) in row.iter_mut().enumerate() {
                     *x *= scale_inv[(i / q.block_rows) * sc + j / q.block_cols];

@@ -1,14 +1,16 @@
 //! Memory-mapped safetensors checkpoints: one file, a sharded directory, or an in-memory buffer.
 //!
 //! Data flow: model directory -> [`WeightStore`] (mmaps + a name index) -> `weights::loader`
-//! (checked, typed copies) -> `model`. Guarantees: every header is fully validated when the store
+//! (checked, typed zero-copy views; the mapping outlives the store while a model uses it) -> `model`. Guarantees: every header is fully validated when the store
 //! is opened (length, UTF-8, JSON, dtypes, offsets contiguous and inside the file, byte sizes equal
 //! to `numel * dtype size`), so [`WeightStore::get`] never reads out of bounds; a malformed file is
 //! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped, not read into memory.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::SafeTensorError;
@@ -37,6 +39,9 @@ pub struct TensorView<'a> {
     pub shape: &'a [usize],
     /// `numel * dtype size` bytes.
     pub data: &'a [u8],
+    /// Keeps `data`'s memory (the shard's mapping or buffer) alive beyond the store's borrow:
+    /// the loader hands it to zero-copy weight buffers.
+    pub(crate) owner: Arc<dyn Any + Send + Sync>,
 }
 
 enum Backing {
@@ -44,18 +49,25 @@ enum Backing {
     Bytes(Vec<u8>),
 }
 
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mmap(m) => m,
+            Backing::Bytes(b) => b,
+        }
+    }
+}
+
 struct Shard {
     /// For error messages.
     path: String,
-    backing: Backing,
+    /// Shared with every zero-copy weight buffer that borrows from this shard.
+    backing: Arc<Backing>,
 }
 
 impl Shard {
     fn bytes(&self) -> &[u8] {
-        match &self.backing {
-            Backing::Mmap(m) => m,
-            Backing::Bytes(b) => b,
-        }
+        self.backing.bytes()
     }
 }
 
@@ -104,7 +116,7 @@ impl WeightStore {
             }
             WeightSource::Bytes(b) => {
                 let mut s = Self::empty();
-                s.add_shard(Shard { path: "<bytes>".into(), backing: Backing::Bytes(b) })?;
+                s.add_shard(Shard { path: "<bytes>".into(), backing: Arc::new(Backing::Bytes(b)) })?;
                 Ok(s)
             }
         }
@@ -226,8 +238,10 @@ impl WeightStore {
     /// The tensor called `name`, if stored.
     pub fn get(&self, name: &str) -> Option<TensorView<'_>> {
         let (k, e) = self.tensors.get_key_value(name)?;
-        let data = &self.shards[e.shard].bytes()[e.start..e.end];
-        Some(TensorView { name: k.as_str(), dtype: e.dtype.clone(), shape: &e.shape, data })
+        let shard = &self.shards[e.shard];
+        let data = &shard.bytes()[e.start..e.end];
+        let owner: Arc<dyn Any + Send + Sync> = shard.backing.clone();
+        Some(TensorView { name: k.as_str(), dtype: e.dtype.clone(), shape: &e.shape, data, owner })
     }
 
     /// Every stored tensor name, in sorted order.
@@ -260,9 +274,14 @@ fn map_file(p: &Path) -> Result<Shard> {
         // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as
         // immutable while the engine runs; truncating one underneath a running engine is outside
         // the supported contract (the same one every mmap-based checkpoint loader makes).
-        Backing::Mmap(unsafe { Mmap::map(&f) }.map_err(|e| io_err(p, e))?)
+        let m = unsafe { Mmap::map(&f) }.map_err(|e| io_err(p, e))?;
+        // Start reading the file into the page cache in the background: the weights are used
+        // in place (zero-copy), so the first forward would otherwise fault them in one by one.
+        #[cfg(unix)]
+        let _ = m.advise(memmap2::Advice::WillNeed);
+        Backing::Mmap(m)
     };
-    Ok(Shard { path, backing })
+    Ok(Shard { path, backing: Arc::new(backing) })
 }
 
 fn describe(e: SafeTensorError) -> String {

@@ -15,7 +15,7 @@ use std::time::Instant;
 use serde_json::json;
 
 use specmla::engine::{Engine, EngineConfig, Prompt, Request};
-use specmla::kernels::{measure_peak_flops, measure_read_bandwidth, MatrixData};
+use specmla::kernels::{measure_peak_flops, measure_read_bandwidth};
 use specmla::model::Model;
 use specmla::spec::SpecMode;
 use specmla::{Error, Result};
@@ -35,11 +35,7 @@ struct DecodeResult {
 }
 
 fn bytes_per_weight(m: &Model) -> usize {
-    match &m.lm_head().data {
-        MatrixData::F32(_) => 4,
-        MatrixData::Bf16(_) => 2,
-        MatrixData::Fp8 { .. } => 1,
-    }
+    m.lm_head().bytes_per_weight()
 }
 
 pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches: &[usize]) -> Result<Section> {
