@@ -16,7 +16,7 @@ const READ_CHUNK: usize = 1 << 17;
 /// Memory-bandwidth probe: best-of-`reps` streaming read of a `bytes`-sized buffer (choose it
 /// well above the last-level cache) using the current rayon pool; returns bytes/second.
 pub fn measure_read_bandwidth(bytes: usize, reps: usize) -> f64 {
-    let isa = Isa::detect();
+    let isa = Isa::current();
     let n = (bytes / 4).max(READ_CHUNK); // [n] f32
     let buf: Vec<f32> = (0..n).map(|i| (i & 1023) as f32).collect();
     let mut best = f64::INFINITY;
@@ -71,7 +71,7 @@ const FLOP_ITERS: usize = 1 << 22;
 /// Peak FMA throughput probe (f32 FLOP/s) with the current rayon pool: every pool thread runs
 /// `CHAINS` independent 8-lane FMA chains; best of `reps`.
 pub fn measure_peak_flops(reps: usize) -> f64 {
-    let isa = Isa::detect();
+    let isa = Isa::current();
     let mut best = f64::INFINITY;
     let mut threads = 1;
     for _ in 0..reps.max(1) {

@@ -3,59 +3,36 @@
 //!
 //! Guarantee (the property speculative decoding's bitwise tests rely on): every reduction has one
 //! fixed per-element order, defined in `lanes.rs` and reproduced exactly by the AVX2 kernels in
-//! `simd.rs`, so an output element never depends on the batch size, its position in the batch,
-//! the other rows of the batch, the rayon pool size or how rows are split among threads. The
-//! portable fallback is bitwise equal to the SIMD path.
+//! `simd.rs` (AVX2) and `simd512.rs` (AVX-512, two accumulators per register), so an output
+//! element never depends on the batch size, its position in the batch, the other rows of the
+//! batch, the rayon pool size, how rows are split among threads — or the ISA (`isa.rs`: chosen
+//! at run time, pinned per thread). The portable fallback is bitwise equal to the SIMD paths.
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
 //! activations, row lookup), `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
-//! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `par.rs` (when a loop is
+//! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
+//! AVX-512), `isa.rs` (run-time choice), `par.rs` (when a loop is
 //! worth the rayon pool).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
 mod bandwidth;
 mod gemm;
+mod isa;
 mod lanes;
 mod par;
 pub mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(target_arch = "x86_64")]
+mod simd512;
 #[cfg(test)]
 mod tests;
 mod vec_ops;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
 pub use gemm::{matmul, matmul_f32};
+pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
 pub use vec_ops::{axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace};
 
-/// Which instruction set the kernels use. Detection is cheap (the standard library caches the
-/// CPUID result), so entry points detect per call; both choices give bitwise-equal results.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Isa {
-    simd: bool,
-}
-
-impl Isa {
-    /// AVX2 + FMA + F16C kernels when the CPU has them, else the portable path.
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let simd = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            Isa { simd }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Isa { simd: false }
-    }
-    /// The portable path (same results, slower).
-    pub fn portable() -> Self {
-        Isa { simd: false }
-    }
-    /// True when the AVX2 kernels are in use.
-    pub fn simd(&self) -> bool {
-        self.simd
-    }
-}

@@ -213,16 +213,19 @@ fn check_batch_invariance(
     }
 }
 
+/// Every SIMD level this machine has (AVX2, AVX-512): each is batch-invariant on its own.
 #[test]
 fn batch_invariance_bitwise_simd() {
-    let isa = Isa::detect();
     let small: Vec<usize> = (1..=13).collect();
+    for isa in Isa::available().into_iter().filter(|i| i.simd()) {
+    eprintln!("batch invariance on {isa}");
     for kind in KINDS {
         check_batch_invariance(isa, kind, 37, 141, &small, &[1, 2, 3]);
         // Large enough for the rayon-parallel path; n past the direct/panel switch and past
         // one GEMM token block.
         check_batch_invariance(isa, kind, 260, 267, &small, &[1, 2, 3]);
         check_batch_invariance(isa, kind, 70, 267, &[64, 65, 66, 100], &[1, 2, 3]);
+    }
     }
 }
 
@@ -233,24 +236,45 @@ fn batch_invariance_bitwise_portable() {
     }
 }
 
+/// Every ISA this machine has gives the portable path's bits (the cross-ISA tolerance is zero).
 #[test]
 fn simd_and_portable_bitwise_equal() {
     let mut rng = Rng(3);
     for kind in KINDS {
-        for (rows, cols) in [(1, 3), (11, 16), (37, 141), (300, 291)] {
+        for (rows, cols) in [(1, 3), (11, 16), (37, 141), (300, 291), (70, 1030)] {
             let w = random_matrix(&mut rng, kind, rows, cols);
-            for n in [1, 2, 4, 7, 67] {
+            for n in [1, 2, 4, 7, 13, 25, 67, 101] {
                 let x = rng.vec(n * cols); // [n, cols]
-                let mut ys = vec![0.0f32; n * rows]; // [n, rows]
                 let mut yp = vec![0.0f32; n * rows]; // [n, rows]
-                matmul_with(Isa::detect(), WRef::of(&w), rows, cols, &x, n, &mut ys);
                 matmul_with(Isa::portable(), WRef::of(&w), rows, cols, &x, n, &mut yp);
-                for (i, (a, b)) in ys.iter().zip(&yp).enumerate() {
-                    assert_eq!(a.to_bits(), b.to_bits(), "{kind:?} {rows}x{cols} n={n} at {i}");
+                for isa in Isa::available() {
+                    let mut ys = vec![0.0f32; n * rows]; // [n, rows]
+                    matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut ys);
+                    for (i, (a, b)) in ys.iter().zip(&yp).enumerate() {
+                        assert_eq!(a.to_bits(), b.to_bits(), "{isa} {kind:?} {rows}x{cols} n={n} at {i}");
+                    }
                 }
             }
         }
     }
+}
+
+#[test]
+fn isa_levels_parse_and_pin() {
+    assert_eq!(IsaLevel::parse("AVX512"), Some(Some(IsaLevel::Avx512)));
+    assert_eq!(IsaLevel::parse("native"), Some(None));
+    assert_eq!(IsaLevel::parse("sse9"), None);
+    assert!(Isa::available().contains(&Isa::portable()));
+    assert_eq!(Isa::available().last().copied(), Some(Isa::detect()));
+    std::thread::spawn(|| {
+        assert_eq!(Isa::current(), Isa::detect());
+        crate::kernels::pin_thread(Some(Isa::portable()));
+        assert_eq!(Isa::current(), Isa::portable());
+        crate::kernels::pin_thread(None);
+        assert_eq!(Isa::current(), Isa::detect());
+    })
+    .join()
+    .unwrap();
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::{Isa, Matrix};
 /// Fixed-order dot product (same lane scheme as matmul: `dot(w_row, x)` equals that matmul
 /// element bitwise for f32 weights). Panics if the lengths differ (internal invariant).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    dot_with(Isa::detect(), a, b)
+    dot_with(Isa::current(), a, b)
 }
 
 pub(crate) fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
@@ -43,7 +43,7 @@ unsafe fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
 /// On AVX2 four rows run interleaved so the FMA latency chains overlap (attention scores over
 /// consecutive keys). Panics if `rows` is too short (internal invariant).
 pub fn dot_rows(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
-    dot_rows_with(Isa::detect(), rows, stride, x, out)
+    dot_rows_with(Isa::current(), rows, stride, x, out)
 }
 
 pub(crate) fn dot_rows_with(isa: Isa, rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {

@@ -16,6 +16,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 use super::lanes::{self, LANES};
 use super::{Isa, Matrix, MatrixData};
 
@@ -59,13 +62,13 @@ impl<'a> WRef<'a> {
 
 /// y[n, w.rows] = x[n, w.cols] · wᵀ.  x: [n_tokens, cols] row-major; y: [n_tokens, rows].
 pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
-    matmul_with(Isa::detect(), WRef::of(w), w.rows, w.cols, x, n_tokens, y);
+    matmul_with(Isa::current(), WRef::of(w), w.rows, w.cols, x, n_tokens, y);
 }
 
 /// Same for a borrowed f32 matrix [rows, cols] (attention absorption, router gate).
 pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
     assert_eq!(w.len(), rows * cols, "matmul_f32: w is not [rows, cols]");
-    matmul_with(Isa::detect(), WRef::F32(w), rows, cols, x, n_tokens, y);
+    matmul_with(Isa::current(), WRef::F32(w), rows, cols, x, n_tokens, y);
 }
 
 /// [`matmul`] with an explicit instruction set (tests compare the SIMD and portable paths).
@@ -91,7 +94,13 @@ pub(crate) fn matmul_with(
     }
     let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
     let parallel = rows > rb && super::worth_parallel(rows * cols * n);
-    let job = Job { isa, w, cols, x, n, rb };
+    // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
+    let mut xpack = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() && n > 1 {
+        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xpack); // [pairs, cols / 8, 16]
+    }
+    let job = Job { isa, w, cols, x, n, rb, xpack: &xpack };
     if n == 1 {
         job.run(y, parallel);
     } else {
@@ -122,6 +131,7 @@ struct Scratch {
 }
 
 /// One matmul call, shared by all its row blocks.
+#[derive(Clone, Copy)]
 struct Job<'a> {
     isa: Isa,
     w: WRef<'a>,
@@ -129,6 +139,8 @@ struct Job<'a> {
     x: &'a [f32], // [n, cols]
     n: usize,
     rb: usize,
+    /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), cols / 8, 16]; else empty.
+    xpack: &'a [f32],
 }
 
 impl Job<'_> {
@@ -165,8 +177,7 @@ impl Job<'_> {
                     }
                 }
                 let deq = std::mem::take(&mut s.deq);
-                let sub =
-                    Job { isa: self.isa, w: WRef::F32(&deq), cols, x: self.x, n, rb: self.rb };
+                let sub = Job { w: WRef::F32(&deq), ..*self };
                 sub.row_block_at(0, r0, out, s);
                 s.deq = deq;
                 return;
@@ -182,6 +193,12 @@ impl Job<'_> {
 
     /// As `row_block`, reading weight rows from `wr0` on (differs from r0 only for `deq`).
     fn row_block_at(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.avx512() && self.n > 1 {
+            // SAFETY: Isa::avx512() is true only after the AVX-512 and AVX2 features were detected.
+            unsafe { self.row_block_avx512(wr0, r0, out, s) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if self.isa.simd() {
             // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected.

@@ -1,0 +1,136 @@
+//! Which instruction set the kernels run on, chosen once per thread.
+//!
+//! Sits under every kernel entry point (`matmul`, `dot`, `dot_rows`, the probes): each asks
+//! [`Isa::current`]. The engine picks the ISA when it builds its worker pool (its
+//! `EngineConfig::isa`, CLI `--isa`) and pins it on every worker thread with [`pin_thread`];
+//! threads that never pinned one use the best the CPU has ([`Isa::detect`]).
+//!
+//! Guarantee: every ISA computes each output element with the same fixed sequence of
+//! operations defined in `lanes.rs` (the AVX-512 kernels pack two 8-lane accumulators into one
+//! 512-bit register; they never change an element's order), so results are bitwise equal across
+//! `portable`, `avx2` and `avx512` — and batch-invariant on each.
+
+use std::cell::Cell;
+use std::fmt;
+
+/// An instruction-set level of the kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum IsaLevel {
+    /// Plain Rust (`lanes.rs`): any CPU.
+    Portable,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/DQ/BW/VL on top of AVX2 + FMA + F16C (512-bit tiles for multi-token matmuls).
+    Avx512,
+}
+
+/// The kernels' instruction set (a checked [`IsaLevel`]: only levels the CPU has can be built).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Isa {
+    level: IsaLevel,
+}
+
+thread_local! {
+    static PINNED: Cell<Option<Isa>> = const { Cell::new(None) };
+}
+
+impl IsaLevel {
+    pub const ALL: [IsaLevel; 3] = [IsaLevel::Portable, IsaLevel::Avx2, IsaLevel::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IsaLevel::Portable => "portable",
+            IsaLevel::Avx2 => "avx2",
+            IsaLevel::Avx512 => "avx512",
+        }
+    }
+
+    /// Parse `portable` / `avx2` / `avx512` (also `native`/`auto`: the best available).
+    pub fn parse(s: &str) -> Option<Option<IsaLevel>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "portable" | "scalar" => Some(Some(IsaLevel::Portable)),
+            "avx2" => Some(Some(IsaLevel::Avx2)),
+            "avx512" | "avx-512" => Some(Some(IsaLevel::Avx512)),
+            "auto" | "native" | "best" => Some(None),
+            _ => None,
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn supported(self) -> bool {
+        match self {
+            IsaLevel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx2 => {
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx512 => {
+                IsaLevel::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+}
+
+impl Isa {
+    /// The best level this CPU has (cheap: the standard library caches CPUID).
+    pub fn detect() -> Self {
+        let level = IsaLevel::ALL.into_iter().rev().find(|l| l.supported()).unwrap_or(IsaLevel::Portable);
+        Isa { level }
+    }
+    /// The portable path (same results, slower).
+    pub fn portable() -> Self {
+        Isa { level: IsaLevel::Portable }
+    }
+    /// `level` if this CPU has it.
+    pub fn new(level: IsaLevel) -> Option<Self> {
+        level.supported().then_some(Isa { level })
+    }
+    /// Every level this CPU can run, lowest first (tests run each).
+    pub fn available() -> Vec<Isa> {
+        IsaLevel::ALL.into_iter().filter_map(Isa::new).collect()
+    }
+    /// The ISA pinned on this thread, else [`Isa::detect`].
+    pub fn current() -> Self {
+        PINNED.with(|p| p.get()).unwrap_or_else(Isa::detect)
+    }
+    pub fn level(&self) -> IsaLevel {
+        self.level
+    }
+    /// True when the AVX2 (or wider) kernels are in use.
+    pub fn simd(&self) -> bool {
+        self.level >= IsaLevel::Avx2
+    }
+    /// True when the AVX-512 kernels are in use.
+    pub fn avx512(&self) -> bool {
+        self.level >= IsaLevel::Avx512
+    }
+    /// What `specmla info` prints: the level and the kernels it selects.
+    pub fn describe(&self) -> String {
+        match self.level {
+            IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
+            IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
+            IsaLevel::Avx512 => {
+                "avx512 (AVX-512F/DQ/BW/VL: 16-lane two-token GEMM and small-batch tiles; AVX2 GEMV for one token)".into()
+            }
+        }
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.level.name())
+    }
+}
+
+/// Pin `isa` for kernels called on the current thread (None: back to [`Isa::detect`]). The
+/// engine calls this on each worker of its pool (rayon `start_handler`).
+pub fn pin_thread(isa: Option<Isa>) {
+    PINNED.with(|p| p.set(isa));
+}
