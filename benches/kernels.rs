@@ -10,10 +10,43 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use specmla::kernels::{matmul, measure_peak_flops, measure_read_bandwidth, Matrix};
+use specmla::kernels::{matmul, measure_peak_flops, measure_read_bandwidth, pin_thread, Isa, Matrix};
 
 fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool")
+    pool_isa(threads, Isa::detect())
+}
+
+fn pool_isa(threads: usize, isa: Isa) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .start_handler(move |_| pin_thread(Some(isa)))
+        .build()
+        .expect("rayon pool")
+}
+
+/// `cargo bench --bench kernels -- isa`: the multi-token GEMM on every ISA level this CPU has,
+/// one after the other (same matrices), as GFLOP/s and fraction of that level's FMA peak.
+fn isa_gemm() {
+    let (rows, cols) = (2048, 2048);
+    let w = bf16_matrix(4, rows, cols);
+    for n in [4, 16, 64, 512] {
+        let x: Vec<f32> = bits(5, n * cols).map(|b| (b >> 40) as f32 / 2e7 - 0.4).collect(); // [n, cols]
+        let mut y = vec![0.0f32; n * rows]; // [n, rows]
+        let flops = 2.0 * (rows * cols * n) as f64;
+        for isa in Isa::available() {
+            for threads in [1, 2] {
+                let p = pool_isa(threads, isa);
+                let peak = p.install(|| measure_peak_flops(3));
+                let t = p.install(|| best_of(5, || matmul(&w, black_box(&x), n, &mut y)));
+                println!(
+                    "bf16 GEMM {rows}x{cols} n={n:3} {isa:8} {threads} thr: {:7.1} GFLOP/s = {:5.1}% of its peak ({:.1} GFLOP/s)",
+                    flops / t / 1e9,
+                    100.0 * flops / t / peak,
+                    peak / 1e9
+                );
+            }
+        }
+    }
 }
 
 /// Deterministic pseudo-random bits.
@@ -29,12 +62,12 @@ fn bits(seed: u64, n: usize) -> impl Iterator<Item = u64> {
 
 fn bf16_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
     // Values in about [-1, 1): sign + exponent 0x3f0..0x3f7 + random mantissa.
-    let d = bits(seed, rows * cols).map(|b| ((b & 0x807f) as u16) | 0x3f00).collect();
+    let d: Vec<u16> = bits(seed, rows * cols).map(|b| ((b & 0x807f) as u16) | 0x3f00).collect();
     Matrix::from_bf16(rows, cols, d)
 }
 
 fn fp8_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
-    let d = bits(seed, rows * cols).map(|b| (b as u8) & 0xbf).collect(); // no NaN encodings
+    let d: Vec<u8> = bits(seed, rows * cols).map(|b| (b as u8) & 0xbf).collect(); // no NaN encodings
     let ns = rows.div_ceil(128) * cols.div_ceil(128);
     Matrix::from_fp8(rows, cols, d, vec![0.01; ns], 128, 128)
 }
@@ -52,6 +85,9 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "isa") {
+        return isa_gemm();
+    }
     let p1 = pool(1);
     let p2 = pool(2);
     let bw1 = p1.install(|| measure_read_bandwidth(256 << 20, 5));

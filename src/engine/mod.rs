@@ -20,6 +20,7 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::kernels::{pin_thread, Isa, IsaLevel};
 use crate::kv::{KvCache, KvConfig, KvDtype, KvStats};
 use crate::model::Model;
 use crate::sampling::{Rng, StopMatcher};
@@ -54,6 +55,9 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Draft length policy (used when a drafter is set).
     pub spec: SpecMode,
+    /// Kernel instruction set (None = the best this CPU has). Pinned on every worker of the
+    /// engine's pool; asking for one the CPU lacks is an error. All levels give the same bits.
+    pub isa: Option<IsaLevel>,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +73,7 @@ impl Default for EngineConfig {
             max_running: 64,
             prefix_cache: true,
             spec: SpecMode::Fixed(4),
+            isa: None,
         }
     }
 }
@@ -160,7 +165,7 @@ pub struct Engine {
 impl Engine {
     /// Load a target model directory; `draft` optionally names a drafter.
     pub fn new(target_dir: &Path, draft: DraftSource, cfg: EngineConfig) -> Result<Engine> {
-        let pool = build_pool(cfg.threads)?;
+        let pool = build_pool(cfg.threads, cfg.isa)?;
         let model = Arc::new(pool.install(|| Model::load_dir(target_dir))?);
         let tokenizer = Tokenizer::from_model_dir(target_dir)?.map(Arc::new);
         let mut eng = Engine::from_parts(model, tokenizer, None, cfg, pool)?;
@@ -176,7 +181,7 @@ impl Engine {
 
     /// Build from an already loaded model (tests, embedding).
     pub fn from_model(model: Arc<Model>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Engine> {
-        let pool = build_pool(cfg.threads)?;
+        let pool = build_pool(cfg.threads, cfg.isa)?;
         Engine::from_parts(model, tokenizer, None, cfg, pool)
     }
 
@@ -508,8 +513,20 @@ impl Engine {
     }
 }
 
-fn build_pool(threads: usize) -> Result<rayon::ThreadPool> {
-    let mut b = rayon::ThreadPoolBuilder::new();
+/// The ISA the engine's kernels run on: `level` if the CPU has it, else an error; the best
+/// available for None.
+pub fn resolve_isa(level: Option<IsaLevel>) -> Result<Isa> {
+    match level {
+        None => Ok(Isa::detect()),
+        Some(l) => Isa::new(l).ok_or_else(|| {
+            Error::InvalidArgument(format!("isa `{}` is not supported by this CPU (best: {})", l.name(), Isa::detect()))
+        }),
+    }
+}
+
+fn build_pool(threads: usize, isa: Option<IsaLevel>) -> Result<rayon::ThreadPool> {
+    let isa = resolve_isa(isa)?;
+    let mut b = rayon::ThreadPoolBuilder::new().start_handler(move |_| pin_thread(Some(isa)));
     if threads > 0 {
         b = b.num_threads(threads);
     }

@@ -361,6 +361,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         max_running: p.max_running as usize,
         prefix_cache: p.prefix_cache,
         spec: if p.adaptive { SpecMode::Adaptive { k_max: k } } else { SpecMode::Fixed(k) },
+        isa: None,
     })
 }
 

@@ -69,7 +69,8 @@ const CHAINS: usize = 12;
 const FLOP_ITERS: usize = 1 << 22;
 
 /// Peak FMA throughput probe (f32 FLOP/s) with the current rayon pool: every pool thread runs
-/// `CHAINS` independent 8-lane FMA chains; best of `reps`.
+/// `CHAINS` independent FMA chains of the current ISA's width (8 lanes; 16 on AVX-512);
+/// best of `reps`.
 pub fn measure_peak_flops(reps: usize) -> f64 {
     let isa = Isa::current();
     let mut best = f64::INFINITY;
@@ -81,10 +82,16 @@ pub fn measure_peak_flops(reps: usize) -> f64 {
         best = best.min(t.elapsed().as_secs_f64());
         threads = rayon::current_num_threads();
     }
-    (threads * FLOP_ITERS * CHAINS * 8 * 2) as f64 / best
+    let lanes = if isa.avx512() { 16 } else { 8 };
+    (threads * FLOP_ITERS * CHAINS * lanes * 2) as f64 / best
 }
 
 fn fma_chains(isa: Isa, iters: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa.avx512() {
+        // SAFETY: Isa::avx512() is true only after the AVX-512 features were detected.
+        return unsafe { fma_chains_avx512(iters) };
+    }
     #[cfg(target_arch = "x86_64")]
     if isa.simd() {
         // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected.
@@ -120,4 +127,23 @@ unsafe fn fma_chains_simd(iters: usize) -> f32 {
         s = _mm256_add_ps(s, ai);
     }
     super::simd::hsum8(s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn fma_chains_avx512(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_set1_ps(1.0); CHAINS];
+    let m = _mm512_set1_ps(black_box(0.999_999));
+    let c = _mm512_set1_ps(black_box(1e-7));
+    for _ in 0..iters {
+        for ai in a.iter_mut() {
+            *ai = _mm512_fmadd_ps(*ai, m, c);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for ai in a {
+        s = _mm512_add_ps(s, ai);
+    }
+    _mm512_reduce_add_ps(s)
 }

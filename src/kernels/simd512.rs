@@ -58,22 +58,29 @@ impl WLoad2 for u8 {
     }
 }
 
+/// Floats between consecutive packed pairs: `nch` chunks of 16, plus one spare chunk so pairs
+/// do not sit a multiple of 4 KiB apart (a GEMM tile reads several pairs at once; 4 KiB-aligned
+/// streams would all land in the same L1 sets).
+pub(crate) fn pair_stride(nch: usize) -> usize {
+    nch * 16 + 16
+}
+
 /// Pack `ntok` token rows of `x` (row stride `xs`, first `nch` 8-column chunks) in pairs:
-/// `out[(p * nch + c) * 16 + h * 8 + l] = x[(2p + h) * xs + 8c + l]`; an odd last token is
-/// paired with zeros. Returns the pair stride (`nch * 16`).
-pub(crate) fn pack_pairs(x: &[f32], xs: usize, ntok: usize, nch: usize, out: &mut Vec<f32>) -> usize {
+/// `out[p * pair_stride(nch) + c * 16 + h * 8 + l] = x[(2p + h) * xs + 8c + l]`; an odd last
+/// token is paired with zeros.
+pub(crate) fn pack_pairs(x: &[f32], xs: usize, ntok: usize, nch: usize, out: &mut Vec<f32>) {
     let np = ntok.div_ceil(2);
+    let ps = pair_stride(nch);
     out.clear();
-    out.resize(np * nch * 16, 0.0); // [pairs, nch, 16]
+    out.resize(np * ps, 0.0); // [pairs, pair_stride]
     for t in 0..ntok {
         let (p, h) = (t / 2, t % 2);
         let row = &x[t * xs..t * xs + nch * 8];
         for c in 0..nch {
-            let d = (p * nch + c) * 16 + h * 8;
+            let d = p * ps + c * 16 + h * 8;
             out[d..d + 8].copy_from_slice(&row[c * 8..c * 8 + 8]);
         }
     }
-    nch * 16
 }
 
 /// Register tile: MR weight rows x NP token pairs over `nchunks` chunks, accumulating into

@@ -109,6 +109,30 @@ impl Model {
         n
     }
 
+    /// Every weight matrix the model holds (absorbed W_UK^T copies included; W_UV views, which
+    /// share kv_b_proj's storage, not counted twice).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut v = vec![&self.embed];
+        v.extend(self.lm_head.as_ref());
+        for l in &self.layers {
+            let a = &l.attn;
+            if let Some((qa, _, qb)) = &a.q_lora {
+                v.extend([qa, qb]);
+            }
+            v.extend(a.q_proj.as_ref());
+            v.extend([&a.kv_a_proj, &a.kv_b_proj, &a.o_proj]);
+            v.extend(a.w_uk_t.iter());
+            let experts: Vec<&Expert> = match &l.ffn {
+                Ffn::Dense(e) => vec![e],
+                Ffn::Moe(m) => m.experts.iter().chain(m.shared.as_ref()).collect(),
+            };
+            for e in experts {
+                v.extend([&e.gate, &e.up, &e.down]);
+            }
+        }
+        v
+    }
+
     /// Weight bytes read by a batch-1 decode step: everything except non-selected experts
     /// (top-k routed experts counted) and the embedding table (one row).
     pub fn decode_bytes_per_token(&self) -> usize {

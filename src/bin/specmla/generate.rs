@@ -71,6 +71,9 @@ pub struct GenerateArgs {
     /// Draft KV cache dtype (auto = the target's).
     #[arg(long, default_value = "auto")]
     pub draft_kv_dtype: String,
+    /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
+    #[arg(long, default_value = "auto")]
+    pub isa: String,
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -99,6 +102,12 @@ pub fn draft_source(s: &str) -> DraftSource {
     }
 }
 
+/// `--isa` value to an engine setting (None = best available); unknown names are an error.
+pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
+    specmla::kernels::IsaLevel::parse(s)
+        .ok_or_else(|| Error::InvalidArgument(format!("--isa: unknown `{s}` (auto, portable, avx2, avx512)")))
+}
+
 pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     let draft_kv_dtype = if a.draft_kv_dtype == "auto" { None } else { Some(KvDtype::parse(&a.draft_kv_dtype)?) };
@@ -113,6 +122,7 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         max_running: a.max_running,
         prefix_cache: !a.no_prefix_cache,
         spec: if a.adaptive { SpecMode::Adaptive { k_max: a.num_draft_tokens } } else { SpecMode::Fixed(a.num_draft_tokens) },
+        isa: parse_isa(&a.isa)?,
     })
 }
 

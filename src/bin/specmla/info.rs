@@ -1,4 +1,5 @@
-//! `specmla info`: model summary, parameter count, bytes, KV bytes per token per cache dtype.
+//! `specmla info`: model summary, parameter count, weight bytes per dtype, the kernels (ISA) in
+//! use, KV bytes per token per cache dtype.
 
 use std::path::PathBuf;
 
@@ -13,10 +14,18 @@ use specmla::Result;
 pub struct InfoArgs {
     #[arg(long, default_value = "models/target")]
     pub model: PathBuf,
+    /// Kernel instruction set to report: auto (the best this CPU has), portable, avx2, avx512.
+    #[arg(long, default_value = "auto")]
+    pub isa: String,
 }
 
 pub fn run(a: InfoArgs) -> Result<()> {
+    let isa = specmla::engine::resolve_isa(crate::generate::parse_isa(&a.isa)?)?;
     let model = Model::load_dir(&a.model)?;
+    let mut dtypes = std::collections::BTreeMap::<&str, usize>::new();
+    for m in model.matrices() {
+        *dtypes.entry(m.dtype_name()).or_default() += m.nbytes();
+    }
     let c = &model.config;
     let mut kv = serde_json::Map::new();
     for dt in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
@@ -28,6 +37,12 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "model_dir": a.model,
         "config": c.to_summary_json(),
         "parameters": model.num_params(),
+        "kernels": {
+            "isa": isa.to_string(),
+            "description": isa.describe(),
+            "available": specmla::kernels::Isa::available().iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+        },
+        "weight_bytes_by_dtype": dtypes,
         "decode_weight_bytes_per_token": model.decode_bytes_per_token(),
         "mtp_tensors_left_for_drafter": model.mtp_tensors.len(),
         "kv_cache": kv,

@@ -6,7 +6,7 @@
 use super::{Job, Scratch, WRef, DIRECT_MAX_TOKENS, DIRECT_TOKEN_BLOCK, LANES, ROW_BLOCK_GEMM, TOKEN_BLOCK};
 use crate::kernels::lanes;
 use crate::kernels::simd::to_panel;
-use crate::kernels::simd512::{direct2, direct2_fp8, tile2_mem};
+use crate::kernels::simd512::{direct2, direct2_fp8, pair_stride, tile2_mem};
 
 /// Row tile x pair tile of the direct path (pairs: two tokens each): non-fp8 / fp8.
 const D_MR: usize = 4;
@@ -35,7 +35,7 @@ impl Job<'_> {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
         let nch = cols / LANES;
-        let xps = nch * 16;
+        let xps = pair_stride(nch);
         let o = out.as_mut_ptr();
         let fp8 = matches!(self.w, WRef::Fp8 { .. });
         let mr_max = if fp8 { D_MR_FP8 } else { D_MR };
@@ -112,7 +112,7 @@ impl Job<'_> {
         let nrows = out.len() / n;
         debug_assert!(nrows <= ROW_BLOCK_GEMM && TOKEN_BLOCK % 2 == 0);
         let nch = cols / LANES;
-        let xps = nch * 16;
+        let xps = pair_stride(nch);
         let (kc, fp8) = match self.w {
             WRef::Fp8 { block_cols, .. } => (block_cols / LANES, true),
             _ => (G_KC_CHUNKS, false),
@@ -144,20 +144,22 @@ impl Job<'_> {
                         (s.panel.as_ptr(), nc * LANES)
                     }
                 };
-                let mut i0 = 0;
-                while i0 < nrows {
-                    let mr = G_MR.min(nrows - i0);
-                    let mut sc = [0.0f32; G_MR];
-                    if fp8 {
-                        for (ii, v) in sc.iter_mut().enumerate().take(mr) {
-                            *v = self.fp8_scales(&s.s256, r0, r0 + i0 + ii)[b];
+                // Pair tile outer: its packed activations ([NP pairs, nc chunks, 16], 8 KiB)
+                // stay in L1 while the row tiles stream the decoded panel from L2.
+                let mut p0 = 0;
+                while p0 < ne / 2 {
+                    let np = G_NP.min(ne / 2 - p0);
+                    let xp = self.xpack.as_ptr().add((tb0 / 2 + p0) * xps + c0 * 16);
+                    let mut i0 = 0;
+                    while i0 < nrows {
+                        let mr = G_MR.min(nrows - i0);
+                        let mut sc = [0.0f32; G_MR];
+                        if fp8 {
+                            for (ii, v) in sc.iter_mut().enumerate().take(mr) {
+                                *v = self.fp8_scales(&s.s256, r0, r0 + i0 + ii)[b];
+                            }
                         }
-                    }
-                    let scales = if fp8 { Some(&sc[..]) } else { None };
-                    let mut p0 = 0;
-                    while p0 < ne / 2 {
-                        let np = G_NP.min(ne / 2 - p0);
-                        let xp = self.xpack.as_ptr().add((tb0 / 2 + p0) * xps + c0 * 16);
+                        let scales = if fp8 { Some(&sc[..]) } else { None };
                         let m = acc.add((i0 * ne + 2 * p0) * LANES);
                         let w = wp.add(i0 * ws);
                         macro_rules! go {
@@ -169,9 +171,9 @@ impl Job<'_> {
                             };
                         }
                         go!(4, 4; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
-                        p0 += np;
+                        i0 += mr;
                     }
-                    i0 += mr;
+                    p0 += np;
                 }
                 c0 += nc;
                 b += 1;

@@ -98,7 +98,7 @@ pub(crate) fn matmul_with(
     let mut xpack = Vec::new();
     #[cfg(target_arch = "x86_64")]
     if isa.avx512() && n > 1 {
-        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xpack); // [pairs, cols / 8, 16]
+        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xpack); // [pairs, pair_stride]
     }
     let job = Job { isa, w, cols, x, n, rb, xpack: &xpack };
     if n == 1 {
@@ -139,7 +139,7 @@ struct Job<'a> {
     x: &'a [f32], // [n, cols]
     n: usize,
     rb: usize,
-    /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), cols / 8, 16]; else empty.
+    /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), pair_stride]; else empty.
     xpack: &'a [f32],
 }
 

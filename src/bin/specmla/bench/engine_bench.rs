@@ -101,6 +101,7 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         max_running: max_batch.max(1),
         prefix_cache: false,
         spec: SpecMode::Fixed(0),
+        isa: crate::generate::parse_isa(&a.isa)?,
     };
     let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
     let vocab = c.vocab_size;

@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// answer, natural_thinking_tokens). Missing file: random token-id prompts.
     #[arg(long, default_value = "models/workload/prompts.jsonl")]
     pub workload: PathBuf,
+    /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
+    #[arg(long, default_value = "auto")]
+    pub isa: String,
     /// Worker threads of the engine and of the machine probes.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,

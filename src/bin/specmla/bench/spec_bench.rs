@@ -199,6 +199,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
         max_running: max_batch,
         prefix_cache: true,
         spec: SpecMode::Fixed(0),
+        isa: crate::generate::parse_isa(&a.isa)?,
     };
     // budgets: none, and half the natural thinking length when the workload and tokenizer allow it
     let mut budget_sets: Vec<(String, Vec<Option<usize>>)> = vec![("none".into(), vec![None; items.len()])];

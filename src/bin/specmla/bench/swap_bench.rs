@@ -82,6 +82,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         max_running: batch,
         prefix_cache: true,
         spec: SpecMode::Fixed(k),
+        isa: crate::generate::parse_isa(&a.isa)?,
     };
     let src = || DraftSource::Dir(draft.to_path_buf());
     let engine = Engine::new(target, src(), base.clone())?;
