@@ -14,7 +14,7 @@
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 
 use crate::config::ModelConfig;
-use crate::kernels::{axpy, dot_rows, for_each_row, map_indices, matmul, rms_norm, softmax_inplace};
+use crate::kernels::{axpy, for_each_row, map_indices, matmul, matmul_f32, rms_norm, softmax_inplace, worth_parallel};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
@@ -119,45 +119,102 @@ pub(super) fn mla_attention(
     out
 }
 
+/// Queries per MHA task: their scores against the keys come from one matmul (each key row is
+/// read once per block instead of once per query).
+const MHA_QUERY_BLOCK: usize = 32;
+
+/// `out[r] = sum_{t < lens[r]} p[r][t] * vals[t]` for every row r, accumulated in key order
+/// (for each r exactly the sequence of `axpy(p[r][t], vals[t], out[r])` for t = 0, 1, ..) but
+/// with the key loop outside, so each value row is read once for all rows. `p`: [rows, ps];
+/// `vals`: row t at `vals[t * vs..][..width]`; `out`: [rows, width], zeroed here.
+fn causal_values(p: &[f32], ps: usize, lens: &[usize], vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    let kmax = lens.iter().copied().max().unwrap_or(0);
+    for t in 0..kmax {
+        let v = &vals[t * vs..t * vs + width];
+        for (r, o) in out.chunks_exact_mut(width).enumerate() {
+            if t < lens[r] {
+                axpy(p[r * ps + t], v, o);
+            }
+        }
+    }
+}
+
 /// Decompressed MHA. `cache`: [keys, kv_lora + rope]; queries q: [m, H, qk] at positions
-/// start.. start + m; out: [m, H, v].
+/// start.. start + m; out: [m, H, v]. Per head and block of queries: scores = K_nope Q_nope^T and
+/// K_pe Q_pe^T by matmul (each element the fixed-order dot), (s + s_pe) * scale, softmax over
+/// keys 0..=p, then the values in key order.
 fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
     let nh = cfg.num_attention_heads;
     let (nope, rdim, vdim, kvl) =
         (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
     let (qk, kvd) = (nope + rdim, kvl + rdim);
     let keys = cache.len() / kvd;
+    let m = q.len() / (nh * qk);
     let mut c = vec![0f32; keys * kvl]; // [keys, kv_lora]
+    let mut pe = vec![0f32; keys * rdim]; // [keys, rope]
     for t in 0..keys {
         c[t * kvl..(t + 1) * kvl].copy_from_slice(&cache[t * kvd..t * kvd + kvl]);
+        pe[t * rdim..(t + 1) * rdim].copy_from_slice(&cache[t * kvd + kvl..(t + 1) * kvd]);
     }
     let hd = nope + vdim;
     let mut kvb = vec![0f32; keys * nh * hd]; // [keys, H, nope + v]
     matmul(&a.kv_b_proj, &c, keys, &mut kvb);
-    let work = out.len() / vdim * keys * (qk + vdim);
-    for_each_row(out, vdim, work, |i, o| {
-        let (m, h) = (i / nh, i % nh);
-        let p = start + m;
-        let qh = &q[(m * nh + h) * qk..(m * nh + h + 1) * qk];
-        // Scores over keys 0..=p: (q_nope.k_nope + q_pe.k_pe) * scale, each dot in the fixed order.
-        let mut s = vec![0f32; p + 1]; // [p + 1]
-        let mut s_pe = vec![0f32; p + 1]; // [p + 1]
-        dot_rows(&kvb[h * hd..], nh * hd, &qh[..nope], &mut s);
-        dot_rows(&cache[kvl..], kvd, &qh[nope..], &mut s_pe);
-        for (st, sp) in s.iter_mut().zip(&s_pe) {
-            *st = (*st + *sp) * scale;
+    drop(c);
+    // Per head, contiguous: k_nope [H, keys, nope], v [H, keys, v].
+    let mut kn = vec![0f32; nh * keys * nope];
+    let mut vv = vec![0f32; nh * keys * vdim];
+    for t in 0..keys {
+        for h in 0..nh {
+            let src = &kvb[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            kn[(h * keys + t) * nope..(h * keys + t + 1) * nope].copy_from_slice(&src[..nope]);
+            vv[(h * keys + t) * vdim..(h * keys + t + 1) * vdim].copy_from_slice(&src[nope..]);
         }
-        softmax_inplace(&mut s);
-        o.fill(0.0);
-        for (t, &pt) in s.iter().enumerate() {
-            let v = &kvb[(t * nh + h) * hd + nope..(t * nh + h + 1) * hd];
-            axpy(pt, v, o);
+    }
+    drop(kvb);
+    let nqb = m.div_ceil(MHA_QUERY_BLOCK);
+    let work = m * nh * keys * (qk + vdim);
+    let blocks: Vec<Vec<f32>> = map_indices(nh * nqb, work, |task| {
+        let (h, b) = (task / nqb, task % nqb);
+        let i0 = b * MHA_QUERY_BLOCK;
+        let mb = MHA_QUERY_BLOCK.min(m - i0);
+        let kb = start + i0 + mb; // keys 0..kb cover every query of the block
+        let mut qn = vec![0f32; mb * nope]; // [mb, nope]
+        let mut qp = vec![0f32; mb * rdim]; // [mb, rope]
+        for i in 0..mb {
+            let qh = &q[((i0 + i) * nh + h) * qk..((i0 + i) * nh + h + 1) * qk];
+            qn[i * nope..(i + 1) * nope].copy_from_slice(&qh[..nope]);
+            qp[i * rdim..(i + 1) * rdim].copy_from_slice(&qh[nope..]);
         }
+        let mut sn = vec![0f32; mb * kb]; // [mb, kb]
+        let mut sp = vec![0f32; mb * kb]; // [mb, kb]
+        matmul_f32(&kn[h * keys * nope..(h * keys + kb) * nope], kb, nope, &qn, mb, &mut sn);
+        matmul_f32(&pe[..kb * rdim], kb, rdim, &qp, mb, &mut sp);
+        let lens: Vec<usize> = (0..mb).map(|i| start + i0 + i + 1).collect(); // keys 0..=p
+        for (i, &len) in lens.iter().enumerate() {
+            let row = &mut sn[i * kb..i * kb + len];
+            for (st, spv) in row.iter_mut().zip(&sp[i * kb..i * kb + len]) {
+                *st = (*st + *spv) * scale;
+            }
+            softmax_inplace(row);
+        }
+        let mut o = vec![0f32; mb * vdim]; // [mb, v]
+        causal_values(&sn, kb, &lens, &vv[h * keys * vdim..], vdim, vdim, &mut o);
+        o
     });
+    for (task, o) in blocks.iter().enumerate() {
+        let (h, b) = (task / nqb, task % nqb);
+        let i0 = b * MHA_QUERY_BLOCK;
+        for (i, oi) in o.chunks_exact(vdim).enumerate() {
+            out[((i0 + i) * nh + h) * vdim..((i0 + i) * nh + h + 1) * vdim].copy_from_slice(oi);
+        }
+    }
 }
 
 /// Absorbed MQA over the latent cache. `cache`: [>= start + m, kv_lora + rope]; q: [m, H, qk] at
-/// positions start..start + m; out: [m, H, v].
+/// positions start..start + m; out: [m, H, v]. All heads of all queries score against the cache
+/// in ONE matmul (each latent row is read once per step, not once per head), softmax per row
+/// over keys 0..=p, and the latent values are accumulated in key order for all rows at once.
 fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
     let nh = cfg.num_attention_heads;
     let (nope, rdim, vdim, kvl) =
@@ -183,21 +240,27 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
             dst[kvl..].copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
         }
     }
-    // ctx: [m, H, kv_lora] = sum_t p_t c_t
-    let mut ctx = vec![0f32; m * nh * kvl];
     let keys = start + m;
-    for_each_row(&mut ctx, kvl, m * nh * keys * (kvd + kvl), |i, o| {
-        let (mi, h) = (i / nh, i % nh);
-        let p = start + mi;
-        let qa = &q_abs[(mi * nh + h) * kvd..(mi * nh + h + 1) * kvd];
-        let mut s = vec![0f32; p + 1]; // [p + 1]
-        dot_rows(cache, kvd, qa, &mut s);
-        s.iter_mut().for_each(|st| *st *= scale);
-        softmax_inplace(&mut s);
-        o.fill(0.0);
-        for (t, &pt) in s.iter().enumerate() {
-            axpy(pt, &cache[t * kvd..t * kvd + kvl], o);
-        }
+    let rows = m * nh;
+    // scores: [m * H, keys], row (i, h) valid for keys 0..=start + i
+    let mut s = vec![0f32; rows * keys];
+    matmul_f32(&cache[..keys * kvd], keys, kvd, &q_abs, rows, &mut s);
+    let lens: Vec<usize> = (0..rows).map(|r| start + r / nh + 1).collect();
+    for (r, &len) in lens.iter().enumerate() {
+        let row = &mut s[r * keys..r * keys + len];
+        row.iter_mut().for_each(|st| *st *= scale);
+        softmax_inplace(row);
+    }
+    // ctx: [m, H, kv_lora] = sum_t p_t c_t, rows split into one group per worker (each group
+    // streams the cache once).
+    let mut ctx = vec![0f32; rows * kvl];
+    let work = rows * keys * kvl;
+    let groups = if worth_parallel(work) { rayon::current_num_threads().min(rows).max(1) } else { 1 };
+    let per = rows.div_ceil(groups);
+    for_each_row(&mut ctx, per * kvl, work, |g, o| {
+        let r0 = g * per;
+        let nr = o.len() / kvl;
+        causal_values(&s[r0 * keys..], keys, &lens[r0..r0 + nr], cache, kvd, kvl, o);
     });
     // o^h = W_UV^h ctx^h
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
