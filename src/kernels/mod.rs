@@ -9,7 +9,8 @@
 //! at run time, pinned per thread). The portable fallback is bitwise equal to the SIMD paths.
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
-//! activations, row lookup), `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
+//! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows),
+//! `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
 //! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
 //! AVX-512), `isa.rs` (run-time choice), `par.rs` (when a loop is
 //! worth the rayon pool).
@@ -28,11 +29,13 @@ mod simd512;
 #[cfg(test)]
 mod tests;
 mod vec_ops;
+mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
 pub use gemm::{matmul, matmul_f32};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
+pub use weighted_sum::weighted_sum_rows;
 pub use vec_ops::{axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace};
 

@@ -386,3 +386,29 @@ fn probes_report_positive_rates() {
     let bw = pool(1).install(|| measure_read_bandwidth(1 << 22, 2));
     assert!(bw.is_finite() && bw > 1e8, "bandwidth {bw}");
 }
+
+#[test]
+fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
+    use super::weighted_sum::weighted_sum_rows_with;
+    let mut rng = Rng(21);
+    for (rows, width, keys) in [(1, 5, 3), (4, 16, 9), (7, 130, 40), (16, 512, 70), (9, 128, 1)] {
+        let ps = keys + 3;
+        let p = rng.vec(rows * ps); // [rows, ps]
+        let vs = width + 64;
+        let vals = rng.vec(keys * vs); // [keys, vs]
+        let lens: Vec<usize> = (0..rows).map(|r| keys - (r * 7 % keys.max(1)).min(keys - 1)).collect();
+        let mut want = vec![0.0f32; rows * width]; // [rows, width]
+        for (r, o) in want.chunks_exact_mut(width).enumerate() {
+            for t in 0..lens[r] {
+                axpy(p[r * ps + t], &vals[t * vs..t * vs + width], o);
+            }
+        }
+        for isa in Isa::available() {
+            let mut got = vec![1.0f32; rows * width];
+            weighted_sum_rows_with(isa, &p, ps, &lens, &vals, vs, width, &mut got);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa} rows {rows} width {width} keys {keys} at {i}");
+            }
+        }
+    }
+}

@@ -14,7 +14,7 @@
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 
 use crate::config::ModelConfig;
-use crate::kernels::{axpy, for_each_row, map_indices, matmul, matmul_f32, rms_norm, softmax_inplace, worth_parallel};
+use crate::kernels::{for_each_row, weighted_sum_rows, map_indices, matmul, matmul_f32, rms_norm, softmax_inplace, worth_parallel};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
@@ -123,23 +123,6 @@ pub(super) fn mla_attention(
 /// read once per block instead of once per query).
 const MHA_QUERY_BLOCK: usize = 32;
 
-/// `out[r] = sum_{t < lens[r]} p[r][t] * vals[t]` for every row r, accumulated in key order
-/// (for each r exactly the sequence of `axpy(p[r][t], vals[t], out[r])` for t = 0, 1, ..) but
-/// with the key loop outside, so each value row is read once for all rows. `p`: [rows, ps];
-/// `vals`: row t at `vals[t * vs..][..width]`; `out`: [rows, width], zeroed here.
-fn causal_values(p: &[f32], ps: usize, lens: &[usize], vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
-    out.fill(0.0);
-    let kmax = lens.iter().copied().max().unwrap_or(0);
-    for t in 0..kmax {
-        let v = &vals[t * vs..t * vs + width];
-        for (r, o) in out.chunks_exact_mut(width).enumerate() {
-            if t < lens[r] {
-                axpy(p[r * ps + t], v, o);
-            }
-        }
-    }
-}
-
 /// Decompressed MHA. `cache`: [keys, kv_lora + rope]; queries q: [m, H, qk] at positions
 /// start.. start + m; out: [m, H, v]. Per head and block of queries: scores = K_nope Q_nope^T and
 /// K_pe Q_pe^T by matmul (each element the fixed-order dot), (s + s_pe) * scale, softmax over
@@ -199,7 +182,7 @@ fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize
             softmax_inplace(row);
         }
         let mut o = vec![0f32; mb * vdim]; // [mb, v]
-        causal_values(&sn, kb, &lens, &vv[h * keys * vdim..], vdim, vdim, &mut o);
+        weighted_sum_rows(&sn, kb, &lens, &vv[h * keys * vdim..], vdim, vdim, &mut o);
         o
     });
     for (task, o) in blocks.iter().enumerate() {
@@ -260,7 +243,7 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     for_each_row(&mut ctx, per * kvl, work, |g, o| {
         let r0 = g * per;
         let nr = o.len() / kvl;
-        causal_values(&s[r0 * keys..], keys, &lens[r0..r0 + nr], cache, kvd, kvl, o);
+        weighted_sum_rows(&s[r0 * keys..], keys, &lens[r0..r0 + nr], cache, kvd, kvl, o);
     });
     // o^h = W_UV^h ctx^h
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {

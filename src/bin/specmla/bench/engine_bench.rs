@@ -45,6 +45,10 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let warmup = if a.quick { 1 } else { 3 };
     let prefill_reps = if a.quick { 1 } else { 2 };
     let decode_prompt_len = if a.quick { 16 } else { 64 };
+    let more_prefills = super::parse_lengths(a.prefill_lens.as_deref(), if a.quick { &[] } else { &[2048] }, "prefill-lens")?;
+    let long_ctx = super::parse_lengths(a.long_contexts.as_deref(), if a.quick { &[] } else { &[2048, 8192] }, "long-contexts")?;
+    let long_steps = if a.quick { 4 } else { 8 };
+    let isa = specmla::engine::resolve_isa(crate::generate::parse_isa(&a.isa)?)?;
 
     // ---- machine probes (same pool size as the engine)
     progress(&format!("probing the machine with {threads} threads"));
@@ -89,7 +93,10 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let block_size = 16;
     let per_req = decode_prompt_len + 1 + warmup + decode_steps + 2;
-    let num_blocks = max_batch * per_req.div_ceil(block_size) + (prefill_len + 2).div_ceil(block_size) + 8;
+    let longest = more_prefills.iter().chain(&long_ctx).copied().chain([prefill_len]).max().unwrap_or(prefill_len);
+    let num_blocks = (max_batch * per_req.div_ceil(block_size) + 8)
+        .max((longest + 2 + warmup + long_steps).div_ceil(block_size) + 8);
+    let max_prefill = more_prefills.iter().copied().chain([prefill_len]).max().unwrap_or(prefill_len);
     let cfg = EngineConfig {
         threads,
         kv_dtype: super::kv_dtype(a)?,
@@ -97,7 +104,7 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         block_size,
         num_blocks,
         draft_num_blocks: 1,
-        max_batch_tokens: prefill_len.max(max_batch * decode_prompt_len),
+        max_batch_tokens: max_prefill.max(max_batch * decode_prompt_len),
         max_running: max_batch.max(1),
         prefix_cache: false,
         spec: SpecMode::Fixed(0),
@@ -120,6 +127,19 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let pf_flops = prefill_flops(&c, &costs, prefill_len);
     let prefill_tps = prefill_len as f64 / prefill_best;
     let prefill_frac = pf_flops / prefill_best / peak;
+    // longer prompts, one chunk each (best of prefill_reps)
+    let mut long_prefills = Vec::new(); // (len, best seconds)
+    for &len in &more_prefills {
+        let mut best = f64::INFINITY;
+        for rep in 0..prefill_reps {
+            progress(&format!("prefill {len} tokens (rep {})", rep + 1));
+            let mut r = Request::new(Prompt::Tokens(random_tokens(len, vocab, lo, a.seed + 200 + rep as u64)));
+            r.sampling.max_tokens = 1;
+            r.sampling.ignore_eos = true;
+            best = best.min(super::run_to_completion(&engine, vec![r])?.wall_s);
+        }
+        long_prefills.push((len, best));
+    }
 
     // ---- decode at each batch size
     let kv_bpt = engine.stats().target_kv_bytes_per_token;
@@ -128,6 +148,14 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         progress(&format!("decode batch {b}: {decode_steps} steps"));
         decodes.push(decode(&engine, b, decode_prompt_len, warmup, decode_steps, vocab, lo, a.seed + 1000 * (bi as u64 + 1))?);
     }
+
+    // ---- batch-1 decode at long context (one request, prompt of that length)
+    let mut long_decodes = Vec::new();
+    for (i, &ctx) in long_ctx.iter().enumerate() {
+        progress(&format!("decode at context {ctx}: prefill, then {long_steps} steps"));
+        long_decodes.push(decode(&engine, 1, ctx, 1, long_steps, vocab, lo, a.seed + 77_000 + i as u64)?);
+    }
+    let rss = super::rss_bytes();
 
     // ---- report
     let b1 = decodes.iter().find(|d| d.batch == 1);
@@ -161,7 +189,8 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
             format!("differ by {:.2}%", 100.0 * (model_bytes as f64 - costs.decode_weight_bytes as f64) / costs.decode_weight_bytes as f64)
         }
     );
-    text += &format!("KV bytes/token ({}, all layers): {kv_bpt}\n\n", a.kv_dtype);
+    text += &format!("KV bytes/token ({}, all layers): {kv_bpt}\n", a.kv_dtype);
+    text += &format!("kernels: {}\n\n", isa.describe());
     text += &format!(
         "prefill {prefill_len} tokens: {:.3} s (best of {prefill_reps}) = {:.1} tokens/s; {:.1} GFLOP -> {:.1} GFLOP/s = {:.1}% of peak\n\n",
         prefill_best,
@@ -170,8 +199,22 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         pf_flops / prefill_best / 1e9,
         100.0 * prefill_frac
     );
+    for (len, best) in &long_prefills {
+        let f = prefill_flops(&c, &costs, *len);
+        text += &format!(
+            "prefill {len} tokens: {best:.3} s (best of {prefill_reps}) = {:.1} tokens/s; {:.1} GFLOP -> {:.1} GFLOP/s = {:.1}% of peak\n",
+            *len as f64 / best,
+            f / 1e9,
+            f / best / 1e9,
+            100.0 * f / best / peak
+        );
+    }
+    if !long_prefills.is_empty() {
+        text += "\n";
+    }
     let rows: Vec<Vec<String>> = decodes
         .iter()
+        .chain(&long_decodes)
         .map(|d| {
             vec![
                 d.batch.to_string(),
@@ -196,7 +239,35 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
             100.0 * frac
         );
     }
+    for d in &long_decodes {
+        let step = d.secs / d.steps as f64;
+        let kv_read = d.mean_ctx * kv_bpt as f64;
+        text += &format!(
+            "batch-1 decode at context {:.0}: {:.1} tok/s; {:.1} MB weights + {:.1} MB KV per step = {:.1}% of measured bandwidth\n",
+            d.mean_ctx,
+            d.tokens as f64 / d.secs,
+            model_bytes as f64 / 1e6,
+            kv_read / 1e6,
+            100.0 * (model_bytes as f64 + kv_read) / step / bw
+        );
+    }
+    if let Some((hwm, now)) = rss {
+        text += &format!(
+            "memory: peak RSS {:.2} GB, RSS now {:.2} GB; weights {:.2} GB, KV pool {:.2} GB\n",
+            hwm as f64 / 1e9,
+            now as f64 / 1e9,
+            model.matrices().iter().map(|m| m.nbytes()).sum::<usize>() as f64 / 1e9,
+            (num_blocks * block_size * kv_bpt) as f64 / 1e9
+        );
+    }
     let json = json!({
+        "isa": isa.to_string(),
+        "peak_rss_bytes": rss.map(|r| r.0),
+        "prefill_long": long_prefills.iter().map(|(len, best)| json!({"tokens": len, "seconds_best": best, "tokens_per_s": *len as f64 / best})).collect::<Vec<_>>(),
+        "decode_long_context": long_decodes.iter().map(|d| json!({
+            "context": d.mean_ctx, "steps": d.steps, "tokens_per_s": d.tokens as f64 / d.secs,
+            "ms_per_step_p50": 1e3 * d.step_p50_s,
+        })).collect::<Vec<_>>(),
         "threads": threads,
         "read_bandwidth_bytes_per_s": bw,
         "peak_flops": peak,

@@ -78,6 +78,13 @@ pub struct BenchArgs {
     /// Prompt length of the prefill measurement (default 512; 128 with --quick).
     #[arg(long)]
     pub prefill_len: Option<usize>,
+    /// Further prefill lengths measured after the first (default 2048; none with --quick).
+    #[arg(long)]
+    pub prefill_lens: Option<String>,
+    /// Context lengths of the batch-1 long-context decode measurement (default 2048,8192;
+    /// none with --quick; `none` to skip).
+    #[arg(long)]
+    pub long_contexts: Option<String>,
     /// Measured decode steps per batch size (default 24; 6 with --quick).
     #[arg(long)]
     pub decode_steps: Option<usize>,
@@ -115,6 +122,32 @@ pub fn parse_batches(s: &str) -> Result<Vec<usize>> {
         return Err(Error::InvalidArgument("--batches wants positive numbers".into()));
     }
     Ok(v)
+}
+
+/// A comma-separated list of lengths, or `none` (empty); `default` when absent.
+pub fn parse_lengths(s: Option<&str>, default: &[usize], what: &str) -> Result<Vec<usize>> {
+    match s {
+        None => Ok(default.to_vec()),
+        Some(t) if t.trim() == "none" || t.trim().is_empty() => Ok(Vec::new()),
+        Some(t) => t
+            .split(',')
+            .map(|x| match x.trim().parse::<usize>() {
+                Ok(v) if v > 0 => Ok(v),
+                _ => Err(Error::InvalidArgument(format!("--{what}: bad length `{x}`"))),
+            })
+            .collect(),
+    }
+}
+
+/// Peak and current resident set size of this process in bytes (`VmHWM`, `VmRSS` from
+/// /proc/self/status; None where that file does not exist).
+pub fn rss_bytes() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+    };
+    Some((field("VmHWM:")?, field("VmRSS:")?))
 }
 
 /// The q-th percentile (0..=100, nearest rank) of `xs`; 0 for an empty slice.

@@ -1,0 +1,155 @@
+//! Attention's value pass: `out[r] = sum_{t < lens[r]} p[r][t] * vals[t]` for many rows at
+//! once (MHA heads' query blocks, all heads of an absorbed decode step).
+//!
+//! Guarantee: for every output element the operations are exactly those of
+//! `o = 0; for t in 0..len { o = o + p[t] * v[t] }` (one rounding for the product, one for the
+//! sum, t increasing) — the per-query `axpy` loop — on every ISA, so results are bitwise
+//! independent of how rows and columns are blocked and of the ISA. The SIMD paths keep a block
+//! of 4 rows x 4 vectors of columns in registers over the key loop, so each value row is read
+//! once per row block instead of once per row.
+
+use super::Isa;
+
+/// Rows per register block.
+const RB: usize = 4;
+
+/// See the module doc. `p`: [rows, ps]; row t of the values at `vals[t * vs..][..width]`;
+/// `out`: [rows, width] (overwritten).
+pub fn weighted_sum_rows(p: &[f32], ps: usize, lens: &[usize], vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+    weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn weighted_sum_rows_with(
+    isa: Isa,
+    p: &[f32],
+    ps: usize,
+    lens: &[usize],
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let rows = lens.len();
+    assert_eq!(out.len(), rows * width, "weighted_sum_rows: out is not [rows, width]");
+    for (r, &len) in lens.iter().enumerate() {
+        assert!(len <= ps && r * ps + len <= p.len(), "weighted_sum_rows: row {r} past p");
+        if len > 0 {
+            assert!((len - 1) * vs + width <= vals.len(), "weighted_sum_rows: row {r} past vals");
+        }
+    }
+    out.fill(0.0);
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = RB.min(rows - r0);
+        let common = lens[r0..r0 + nr].iter().copied().min().unwrap_or(0);
+        let ob = &mut out[r0 * width..(r0 + nr) * width];
+        let pb = &p[r0 * ps..];
+        // Keys every row of the block has: blocked; then each row's own remaining keys.
+        let mut done = false;
+        #[cfg(target_arch = "x86_64")]
+        if isa.simd() && nr == RB && common > 0 {
+            // SAFETY: the ISA's features were detected (Isa invariant); bounds checked above.
+            unsafe {
+                if isa.avx512() {
+                    block_avx512(pb, ps, common, vals, vs, width, ob);
+                } else {
+                    block_avx2(pb, ps, common, vals, vs, width, ob);
+                }
+            }
+            done = true;
+        }
+        let from = if done { common } else { 0 };
+        for (i, o) in ob.chunks_exact_mut(width).enumerate() {
+            for t in from..lens[r0 + i] {
+                let a = pb[i * ps + t];
+                for (oi, vi) in o.iter_mut().zip(&vals[t * vs..t * vs + width]) {
+                    *oi += a * *vi;
+                }
+            }
+        }
+        r0 += nr;
+    }
+}
+
+/// RB rows, keys 0..len, all columns: 4 vectors of 16 columns per register block, then the
+/// column tail one element at a time (same operations).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn block_avx512(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const CB: usize = 4;
+    let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
+    let mut c0 = 0;
+    while c0 + 16 <= width {
+        let nc = CB.min((width - c0) / 16);
+        let mut acc = [[_mm512_setzero_ps(); CB]; RB];
+        for t in 0..len {
+            let mut v = [_mm512_setzero_ps(); CB];
+            for (j, vj) in v.iter_mut().enumerate().take(nc) {
+                *vj = _mm512_loadu_ps(vp.add(t * vs + c0 + 16 * j));
+            }
+            for (i, ai) in acc.iter_mut().enumerate() {
+                let a = _mm512_set1_ps(*pp.add(i * ps + t));
+                for j in 0..nc {
+                    ai[j] = _mm512_add_ps(ai[j], _mm512_mul_ps(a, v[j]));
+                }
+            }
+        }
+        for (i, ai) in acc.iter().enumerate() {
+            for (j, aj) in ai.iter().enumerate().take(nc) {
+                _mm512_storeu_ps(op.add(i * width + c0 + 16 * j), *aj);
+            }
+        }
+        c0 += 16 * nc;
+    }
+    tail_columns(p, ps, len, vals, vs, width, c0, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_avx2(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const CB: usize = 3;
+    let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
+    let mut c0 = 0;
+    while c0 + 8 <= width {
+        let nc = CB.min((width - c0) / 8);
+        let mut acc = [[_mm256_setzero_ps(); CB]; RB];
+        for t in 0..len {
+            let mut v = [_mm256_setzero_ps(); CB];
+            for (j, vj) in v.iter_mut().enumerate().take(nc) {
+                *vj = _mm256_loadu_ps(vp.add(t * vs + c0 + 8 * j));
+            }
+            for (i, ai) in acc.iter_mut().enumerate() {
+                let a = _mm256_set1_ps(*pp.add(i * ps + t));
+                for j in 0..nc {
+                    ai[j] = _mm256_add_ps(ai[j], _mm256_mul_ps(a, v[j]));
+                }
+            }
+        }
+        for (i, ai) in acc.iter().enumerate() {
+            for (j, aj) in ai.iter().enumerate().take(nc) {
+                _mm256_storeu_ps(op.add(i * width + c0 + 8 * j), *aj);
+            }
+        }
+        c0 += 8 * nc;
+    }
+    tail_columns(p, ps, len, vals, vs, width, c0, out);
+}
+
+/// Columns c0..width of the RB rows, keys 0..len, element by element.
+#[allow(clippy::too_many_arguments)]
+fn tail_columns(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, c0: usize, out: &mut [f32]) {
+    if c0 == width {
+        return;
+    }
+    for i in 0..RB {
+        for t in 0..len {
+            let a = p[i * ps + t];
+            for c in c0..width {
+                out[i * width + c] += a * vals[t * vs + c];
+            }
+        }
+    }
+}
