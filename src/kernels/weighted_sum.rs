@@ -72,70 +72,92 @@ pub(crate) fn weighted_sum_rows_with(
     }
 }
 
-/// RB rows, keys 0..len, all columns: 4 vectors of 16 columns per register block, then the
-/// column tail one element at a time (same operations).
+/// RB rows, keys 0..len, all columns: up to 4 vectors of 16 columns per register block, then
+/// the column tail one element at a time (same operations).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn block_avx512(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    const CB: usize = 4;
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 16 <= width {
-        let nc = CB.min((width - c0) / 16);
-        let mut acc = [[_mm512_setzero_ps(); CB]; RB];
-        for t in 0..len {
-            let mut v = [_mm512_setzero_ps(); CB];
-            for (j, vj) in v.iter_mut().enumerate().take(nc) {
-                *vj = _mm512_loadu_ps(vp.add(t * vs + c0 + 16 * j));
-            }
-            for (i, ai) in acc.iter_mut().enumerate() {
-                let a = _mm512_set1_ps(*pp.add(i * ps + t));
-                for j in 0..nc {
-                    ai[j] = _mm512_add_ps(ai[j], _mm512_mul_ps(a, v[j]));
-                }
-            }
-        }
-        for (i, ai) in acc.iter().enumerate() {
-            for (j, aj) in ai.iter().enumerate().take(nc) {
-                _mm512_storeu_ps(op.add(i * width + c0 + 16 * j), *aj);
-            }
+        let nc = 4.min((width - c0) / 16);
+        match nc {
+            4 => cols_avx512::<4>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            3 => cols_avx512::<3>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx512::<2>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx512::<1>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 16 * nc;
     }
     tail_columns(p, ps, len, vals, vs, width, c0, out);
 }
 
+/// RB rows x NC vectors of 16 columns (at `v` / `o`), accumulators in registers over the keys.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, len: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); NC]; RB];
+    for t in 0..len {
+        let mut vv = [_mm512_setzero_ps(); NC];
+        for (j, x) in vv.iter_mut().enumerate() {
+            *x = _mm512_loadu_ps(v.add(t * vs + 16 * j));
+        }
+        for (i, ai) in acc.iter_mut().enumerate() {
+            let a = _mm512_set1_ps(*p.add(i * ps + t));
+            for j in 0..NC {
+                ai[j] = _mm512_add_ps(ai[j], _mm512_mul_ps(a, vv[j]));
+            }
+        }
+    }
+    for (i, ai) in acc.iter().enumerate() {
+        for (j, aj) in ai.iter().enumerate() {
+            _mm512_storeu_ps(o.add(i * os + 16 * j), *aj);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn block_avx2(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    const CB: usize = 3;
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 8 <= width {
-        let nc = CB.min((width - c0) / 8);
-        let mut acc = [[_mm256_setzero_ps(); CB]; RB];
-        for t in 0..len {
-            let mut v = [_mm256_setzero_ps(); CB];
-            for (j, vj) in v.iter_mut().enumerate().take(nc) {
-                *vj = _mm256_loadu_ps(vp.add(t * vs + c0 + 8 * j));
-            }
-            for (i, ai) in acc.iter_mut().enumerate() {
-                let a = _mm256_set1_ps(*pp.add(i * ps + t));
-                for j in 0..nc {
-                    ai[j] = _mm256_add_ps(ai[j], _mm256_mul_ps(a, v[j]));
-                }
-            }
-        }
-        for (i, ai) in acc.iter().enumerate() {
-            for (j, aj) in ai.iter().enumerate().take(nc) {
-                _mm256_storeu_ps(op.add(i * width + c0 + 8 * j), *aj);
-            }
+        let nc = 3.min((width - c0) / 8);
+        match nc {
+            3 => cols_avx2::<3>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx2::<2>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx2::<1>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 8 * nc;
     }
     tail_columns(p, ps, len, vals, vs, width, c0, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, len: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); NC]; RB];
+    for t in 0..len {
+        let mut vv = [_mm256_setzero_ps(); NC];
+        for (j, x) in vv.iter_mut().enumerate() {
+            *x = _mm256_loadu_ps(v.add(t * vs + 8 * j));
+        }
+        for (i, ai) in acc.iter_mut().enumerate() {
+            let a = _mm256_set1_ps(*p.add(i * ps + t));
+            for j in 0..NC {
+                ai[j] = _mm256_add_ps(ai[j], _mm256_mul_ps(a, vv[j]));
+            }
+        }
+    }
+    for (i, ai) in acc.iter().enumerate() {
+        for (j, aj) in ai.iter().enumerate() {
+            _mm256_storeu_ps(o.add(i * os + 8 * j), *aj);
+        }
+    }
 }
 
 /// Columns c0..width of the RB rows, keys 0..len, element by element.
