@@ -2,16 +2,19 @@
 //!
 //! Second half of the first step of the data flow (`config` + `weights` -> `model`):
 //! `safetensors_store` maps the files and validates their headers, `dtype` decodes element types,
-//! `loader` hands out shape- and dtype-checked `kernels::Matrix` / f32 vectors, and `expected`
-//! checks a whole checkpoint against what its `config.json` implies. Nothing here panics on a bad
+//! `loader` hands out shape- and dtype-checked `kernels::Matrix` / f32 vectors, `expected`
+//! checks a whole checkpoint against what its `config.json` implies, and `quantize` writes an
+//! fp8 block-scaled copy of a checkpoint. Nothing here panics on a bad
 //! file; every failure is `Error::Safetensors`, `Error::Tensor` or `Error::Io`.
 
 mod dtype;
 mod expected;
 mod loader;
+mod quantize;
 mod safetensors_store;
 
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, fp8_e4m3_to_f32, DType};
 pub use expected::{check_tensor_set, expected_tensor_names, expected_tensor_shapes};
 pub use loader::{scale_inv_name, Loader};
+pub use quantize::{is_quantizable, quantize_blocks, quantize_dir, QuantizeReport};
 pub use safetensors_store::{TensorView, WeightSource, WeightStore};

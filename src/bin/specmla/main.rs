@@ -1,10 +1,12 @@
 //! `specmla` — command-line front end over the library: `generate` (streaming or JSON, with a
 //! draft model or n-gram speculation and a reasoning budget), `score` (per-position log-probs),
-//! `info` (model summary) and `bench` (throughput, roofline, speculation, draft swaps).
+//! `info` (model summary), `bench` (throughput, roofline, speculation, draft swaps) and
+//! `quantize` (fp8 block-scaled copy of a checkpoint).
 
 mod bench;
 mod generate;
 mod info;
+mod quantize;
 mod score;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +28,8 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Benchmarks: prefill/decode tokens/s, roofline fraction, speculation speedup, swaps.
     Bench(bench::BenchArgs),
+    /// Write an fp8 e4m3 copy of a checkpoint with 128x128 block scales (DeepSeek-V3 layout).
+    Quantize(quantize::QuantizeArgs),
 }
 
 fn main() {
@@ -35,6 +39,7 @@ fn main() {
         Cmd::Score(a) => score::run(a),
         Cmd::Info(a) => info::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Quantize(a) => quantize::run(a),
     };
     if let Err(e) = res {
         eprintln!("specmla: error: {e}");
