@@ -32,7 +32,7 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
-pub use gemm::{matmul, matmul_f32};
+pub use gemm::{matmul, matmul_f32, matmul_many};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};

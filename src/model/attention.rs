@@ -14,7 +14,7 @@
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 
 use crate::config::ModelConfig;
-use crate::kernels::{for_each_row, weighted_sum_rows, map_indices, matmul, matmul_f32, rms_norm, softmax_inplace, worth_parallel};
+use crate::kernels::{for_each_row, weighted_sum_rows, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace, worth_parallel};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
@@ -44,23 +44,32 @@ pub(super) fn mla_attention(
     let qk = nope + rdim;
     let kvd = kvl + rdim;
 
-    // q: [n, H, nope + rope]
+    // q: [n, H, nope + rope]; ckv: [n, kv_lora + rope] -> slots [c (normalised) | k_pe (roped)].
+    // For one token the projections that read xn run as one batched GEMV pass (same bits).
     let mut q = vec![0f32; n * nh * qk];
+    let mut ckv = vec![0f32; n * kvd];
     if let Some((qa, qa_norm, qb)) = &a.q_lora {
         let r = qa.rows;
         let mut qlat = vec![0f32; n * r]; // [n, q_lora]
-        matmul(qa, xn, n, &mut qlat);
+        if n == 1 {
+            matmul_many(vec![(qa, xn, &mut qlat[..]), (&a.kv_a_proj, xn, &mut ckv[..])]);
+        } else {
+            matmul(qa, xn, n, &mut qlat);
+            matmul(&a.kv_a_proj, xn, n, &mut ckv);
+        }
         let mut qn = vec![0f32; n * r]; // [n, q_lora]
         for t in 0..n {
             rms_norm(&qlat[t * r..(t + 1) * r], qa_norm, LORA_NORM_EPS, &mut qn[t * r..(t + 1) * r]);
         }
         matmul(qb, &qn, n, &mut q);
     } else if let Some(qp) = &a.q_proj {
-        matmul(qp, xn, n, &mut q);
+        if n == 1 {
+            matmul_many(vec![(qp, xn, &mut q[..]), (&a.kv_a_proj, xn, &mut ckv[..])]);
+        } else {
+            matmul(qp, xn, n, &mut q);
+            matmul(&a.kv_a_proj, xn, n, &mut ckv);
+        }
     }
-    // ckv: [n, kv_lora + rope] -> slots [c (normalised) | k_pe (roped)]
-    let mut ckv = vec![0f32; n * kvd];
-    matmul(&a.kv_a_proj, xn, n, &mut ckv);
     let mut c_norm = vec![0f32; kvl]; // [kv_lora]
     for t in 0..n {
         let row = &mut ckv[t * kvd..(t + 1) * kvd];
@@ -206,8 +215,15 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     let m = q.len() / (nh * qk);
     // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
     let mut q_abs = vec![0f32; m * nh * kvd];
-    // Heads in parallel (each head's matmul alone is too small to split).
-    let q_lat: Vec<Vec<f32>> = map_indices(nh, nh * m * nope * kvl, |h| {
+    // Heads in parallel (each head's matmul alone is too small to split); one token: one
+    // batched GEMV pass over all heads.
+    let q_lat: Vec<Vec<f32>> = if m == 1 {
+        let mut ql: Vec<Vec<f32>> = (0..nh).map(|_| vec![0f32; kvl]).collect(); // [kv_lora] per head
+        let items = ql.iter_mut().enumerate().map(|(h, o)| (&a.w_uk_t[h], &q[h * qk..h * qk + nope], &mut o[..])).collect();
+        matmul_many(items);
+        ql
+    } else {
+        map_indices(nh, nh * m * nope * kvl, |h| {
         let mut qn = vec![0f32; m * nope]; // [m, nope]
         for i in 0..m {
             qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
@@ -215,7 +231,8 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
         let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
         matmul(&a.w_uk_t[h], &qn, m, &mut ql);
         ql
-    });
+        })
+    };
     for (h, ql) in q_lat.iter().enumerate() {
         for i in 0..m {
             let dst = &mut q_abs[(i * nh + h) * kvd..(i * nh + h + 1) * kvd];
@@ -246,6 +263,11 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
         weighted_sum_rows(&s[r0 * keys..], keys, &lens[r0..r0 + nr], cache, kvd, kvl, o);
     });
     // o^h = W_UV^h ctx^h
+    if m == 1 {
+        let items = out.chunks_exact_mut(vdim).enumerate().map(|(h, o)| (&a.w_uv[h], &ctx[h * kvl..(h + 1) * kvl], o)).collect();
+        matmul_many(items);
+        return;
+    }
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
         let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
         for i in 0..m {

@@ -10,12 +10,25 @@
 //! were routed to the same experts.
 
 use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
-use crate::kernels::{map_indices, matmul, matmul_f32, silu_mul};
+use crate::kernels::{map_indices, matmul, matmul_f32, matmul_many, silu_mul};
 
 use super::weights::{Expert, Moe};
 
 /// down(silu(gate(x)) * up(x)). x: [n, hidden] -> [n, hidden].
+/// Tokens per pass of an MLP: its [n, inter] intermediates stay bounded for long prompts.
+const MLP_TOKEN_CHUNK: usize = 512;
+
 pub(super) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
+    if n > MLP_TOKEN_CHUNK {
+        // Long prompts: bounded intermediates (rows are independent, so the bits are the same).
+        let h = e.gate.cols;
+        let mut y = Vec::with_capacity(n * e.down.rows); // [n, hidden]
+        for t0 in (0..n).step_by(MLP_TOKEN_CHUNK) {
+            let m = MLP_TOKEN_CHUNK.min(n - t0);
+            y.extend(mlp(e, &x[t0 * h..(t0 + m) * h], m));
+        }
+        return y;
+    }
     let inter = e.gate.rows;
     let mut g = vec![0f32; n * inter]; // [n, inter]
     let mut u = vec![0f32; n * inter]; // [n, inter]
@@ -109,6 +122,9 @@ pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n:
         }
     }
     let k = cfg.num_experts_per_tok;
+    if n == 1 {
+        return moe_one_token(m, &routes[0], x);
+    }
     let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
     let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
     let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
@@ -142,6 +158,45 @@ pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n:
         for (yv, r) in y[t * h..(t + 1) * h].iter_mut().zip(&routed) {
             *yv = r + *yv;
         }
+    }
+    y
+}
+
+/// `moe` for one token (decode): the routed and shared experts' gate and up projections run as
+/// one batched GEMV pass, then their down projections as another (same kernels, same bits as
+/// `mlp` per expert); the outputs combine in the same order as the general path.
+fn moe_one_token(m: &Moe, route: &[(usize, f32)], x: &[f32]) -> Vec<f32> {
+    let h = x.len();
+    let experts: Vec<&Expert> = route.iter().map(|&(e, _)| &m.experts[e]).chain(m.shared.as_ref()).collect();
+    let mut gates: Vec<Vec<f32>> = experts.iter().map(|e| vec![0f32; e.gate.rows]).collect(); // [inter] each
+    let mut ups: Vec<Vec<f32>> = experts.iter().map(|e| vec![0f32; e.up.rows]).collect(); // [inter] each
+    let mut items = Vec::with_capacity(2 * experts.len());
+    for ((e, g), u) in experts.iter().zip(gates.iter_mut()).zip(ups.iter_mut()) {
+        items.push((&e.gate, x, &mut g[..]));
+        items.push((&e.up, x, &mut u[..]));
+    }
+    matmul_many(items);
+    let acts: Vec<Vec<f32>> = gates
+        .iter()
+        .zip(&ups)
+        .map(|(g, u)| {
+            let mut a = vec![0f32; g.len()]; // [inter]
+            silu_mul(g, u, &mut a);
+            a
+        })
+        .collect();
+    let mut outs: Vec<Vec<f32>> = experts.iter().map(|_| vec![0f32; h]).collect(); // [hidden] each
+    matmul_many(experts.iter().zip(&acts).zip(outs.iter_mut()).map(|((e, a), o)| (&e.down, &a[..], &mut o[..])).collect());
+    let mut y = if m.shared.is_some() { outs.pop().expect("shared output") } else { vec![0f32; h] };
+    // Reference order: routed sum first, then + shared.
+    let mut routed = vec![0f32; h]; // [hidden]
+    for (o, &(_, w)) in outs.iter().zip(route) {
+        for (r, v) in routed.iter_mut().zip(o) {
+            *r += w * v;
+        }
+    }
+    for (yv, r) in y.iter_mut().zip(&routed) {
+        *yv = r + *yv;
     }
     y
 }

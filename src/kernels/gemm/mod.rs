@@ -34,6 +34,8 @@ const DIRECT_MAX_TOKENS: usize = 64;
 const DIRECT_TOKEN_BLOCK: usize = 24;
 /// Tokens per GEMM token block (bounds the accumulator scratch; x slices stay in L2).
 const TOKEN_BLOCK: usize = 48;
+/// Tokens per matmul pass: longer inputs are split (bounded scratch; same bits).
+const CALL_TOKEN_CHUNK: usize = 512;
 /// Register tile of the GEMM: rows x tokens.
 const MR: usize = 4;
 const NR: usize = 3;
@@ -71,6 +73,40 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usiz
     matmul_with(Isa::current(), WRef::F32(w), rows, cols, x, n_tokens, y);
 }
 
+/// Several independent one-token products `ys[i][..w_i.rows] = w_i · xs[i]` in ONE parallel
+/// pass over all their row blocks (decode: an MoE layer's experts, q and kv_a projections):
+/// one fork-join instead of one per matrix, and the memory streams of the next matrix start
+/// while the last blocks of the previous one finish. Each element is computed exactly as by
+/// [`matmul`] with n = 1.
+pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
+    let isa = Isa::current();
+    let mut jobs = Vec::with_capacity(items.len());
+    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new(); // (item, first row, out rows)
+    let mut work = 0;
+    for (i, (w, x, y)) in items.into_iter().enumerate() {
+        assert_eq!(x.len(), w.cols, "matmul_many: x is not [cols]");
+        assert_eq!(y.len(), w.rows, "matmul_many: y is not [rows]");
+        if let MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } = &w.data {
+            assert!(*block_rows > 0 && *block_cols > 0, "matmul_many: fp8 block size 0");
+            assert_eq!(data.len(), w.rows * w.cols, "matmul_many: fp8 data shape");
+            assert_eq!(scale_inv.len(), w.rows.div_ceil(*block_rows) * w.cols.div_ceil(*block_cols));
+        }
+        work += w.rows * w.cols;
+        jobs.push(Job { isa, w: WRef::of(w), cols: w.cols, x, n: 1, rb: ROW_BLOCK_GEMV, xpack: &[] });
+        for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
+            tasks.push((i, bi * ROW_BLOCK_GEMV, o));
+        }
+    }
+    if tasks.len() > 1 && super::worth_parallel(work) {
+        tasks.into_par_iter().for_each_init(Scratch::default, |s, (i, r0, o)| jobs[i].row_block(r0, o, s));
+    } else {
+        let mut s = Scratch::default();
+        for (i, r0, o) in tasks {
+            jobs[i].row_block(r0, o, &mut s);
+        }
+    }
+}
+
 /// [`matmul`] with an explicit instruction set (tests compare the SIMD and portable paths).
 pub(crate) fn matmul_with(
     isa: Isa,
@@ -90,6 +126,15 @@ pub(crate) fn matmul_with(
         assert_eq!(scale_inv.len(), want, "matmul: fp8 scale_inv shape");
     }
     if n == 0 || rows == 0 {
+        return;
+    }
+    if n > CALL_TOKEN_CHUNK {
+        // Long prompts: bounded scratch (packed activations, transposed output); every element
+        // is computed exactly as in one call.
+        for t0 in (0..n).step_by(CALL_TOKEN_CHUNK) {
+            let m = CALL_TOKEN_CHUNK.min(n - t0);
+            matmul_with(isa, w, rows, cols, &x[t0 * cols..(t0 + m) * cols], m, &mut y[t0 * rows..(t0 + m) * rows]);
+        }
         return;
     }
     let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
@@ -324,6 +369,16 @@ impl Job<'_> {
                     };
                 }
                     match self.w {
+                        // One token, full 8-row tiles: the prefetching GEMV tile.
+                        WRef::F32(d) if n == 1 && mr == 8 => {
+                            super::simd::gemv_prefetch::<f32, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
+                        }
+                        WRef::Bf16(d) if n == 1 && mr == 8 => {
+                            super::simd::gemv_prefetch::<u16, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
+                        }
+                        WRef::F16(d) if n == 1 && mr == 8 => {
+                            super::simd::gemv_prefetch::<half::f16, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
+                        }
                         WRef::F32(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
                             go!(p, f32; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)

@@ -96,7 +96,14 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let longest = more_prefills.iter().chain(&long_ctx).copied().chain([prefill_len]).max().unwrap_or(prefill_len);
     let num_blocks = (max_batch * per_req.div_ceil(block_size) + 8)
         .max((longest + 2 + warmup + long_steps).div_ceil(block_size) + 8);
-    let max_prefill = more_prefills.iter().copied().chain([prefill_len]).max().unwrap_or(prefill_len);
+    // One chunk per measured prefill; long-context prompts in chunks of at most 2048.
+    let max_prefill = more_prefills
+        .iter()
+        .copied()
+        .chain([prefill_len])
+        .chain(long_ctx.iter().map(|&c| c.min(2048)))
+        .max()
+        .unwrap_or(prefill_len);
     let cfg = EngineConfig {
         threads,
         kv_dtype: super::kv_dtype(a)?,
