@@ -208,6 +208,17 @@ pub(crate) unsafe fn direct_fp8<const MR: usize, const NR: usize>(
     let mut b = 0;
     while c0 < nchunks {
         let c1 = (c0 + block_chunks).min(nchunks);
+        if NR == 1 {
+            // One token: prefetch the next MR rows' bytes of this column block (see
+            // `gemv_prefetch`); one line covers 8 chunks of fp8.
+            for i in 0..MR {
+                let mut c = c0;
+                while c < c1 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + c * 8) as *const i8);
+                    c += 8;
+                }
+            }
+        }
         let mut blk = [[_mm256_setzero_ps(); NR]; MR];
         tile::<u8, MR, NR>(w.add(c0 * 8), ws, x.add(c0 * 8), xs, c1 - c0, &mut blk);
         for i in 0..MR {
