@@ -58,6 +58,43 @@ impl WLoad2 for u8 {
     }
 }
 
+/// One cache line of f32s (the unit of [`AlignedBuf`]).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+/// A growable f32 buffer whose start is 64-byte aligned: the 512-bit loads and stores of the
+/// tiles then never split a cache line.
+#[derive(Default)]
+pub(crate) struct AlignedBuf {
+    lines: Vec<Line>,
+}
+
+impl AlignedBuf {
+    /// The first `len` floats, zeroed.
+    pub(crate) fn zeroed(&mut self, len: usize) -> &mut [f32] {
+        self.lines.clear();
+        self.lines.resize(len.div_ceil(16), Line([0.0; 16]));
+        self.as_mut(len)
+    }
+    /// The first `len` floats, contents unspecified (grown with zeros when needed).
+    pub(crate) fn reuse(&mut self, len: usize) -> &mut [f32] {
+        if self.lines.len() < len.div_ceil(16) {
+            self.lines.resize(len.div_ceil(16), Line([0.0; 16]));
+        }
+        self.as_mut(len)
+    }
+    fn as_mut(&mut self, len: usize) -> &mut [f32] {
+        // SAFETY: `Line` is 16 f32s with no padding (size 64 = 16 * 4), so the lines are a
+        // contiguous run of at least `len` initialised f32s.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, len) }
+    }
+    pub(crate) fn as_slice(&self) -> &[f32] {
+        // SAFETY: as in `as_mut`.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.lines.len() * 16) }
+    }
+}
+
 /// Floats between consecutive packed pairs: `nch` chunks of 16, plus one spare chunk so pairs
 /// do not sit a multiple of 4 KiB apart (a GEMM tile reads several pairs at once; 4 KiB-aligned
 /// streams would all land in the same L1 sets).
@@ -68,11 +105,10 @@ pub(crate) fn pair_stride(nch: usize) -> usize {
 /// Pack `ntok` token rows of `x` (row stride `xs`, first `nch` 8-column chunks) in pairs:
 /// `out[p * pair_stride(nch) + c * 16 + h * 8 + l] = x[(2p + h) * xs + 8c + l]`; an odd last
 /// token is paired with zeros.
-pub(crate) fn pack_pairs(x: &[f32], xs: usize, ntok: usize, nch: usize, out: &mut Vec<f32>) {
+pub(crate) fn pack_pairs(x: &[f32], xs: usize, ntok: usize, nch: usize, buf: &mut AlignedBuf) {
     let np = ntok.div_ceil(2);
     let ps = pair_stride(nch);
-    out.clear();
-    out.resize(np * ps, 0.0); // [pairs, pair_stride]
+    let out = buf.zeroed(np * ps); // [pairs, pair_stride]
     for t in 0..ntok {
         let (p, h) = (t / 2, t % 2);
         let row = &x[t * xs..t * xs + nch * 8];

@@ -3,7 +3,7 @@
 //! two-tokens-per-register tiles of `simd512.rs`. Bitwise equal to the AVX2 and portable paths
 //! (each element keeps the `lanes.rs` sequence; only the packing differs).
 
-use super::{Job, Scratch, WRef, DIRECT_MAX_TOKENS, DIRECT_TOKEN_BLOCK, LANES, ROW_BLOCK_GEMM, TOKEN_BLOCK};
+use super::{Job, Scratch, WRef, DIRECT_MAX_TOKENS, DIRECT_TOKEN_BLOCK, LANES, ROW_BLOCK_GEMM};
 use crate::kernels::lanes;
 use crate::kernels::simd::to_panel;
 use crate::kernels::simd512::{direct2, direct2_fp8, pair_stride, tile2_mem};
@@ -17,6 +17,8 @@ const G_MR: usize = 4;
 const G_NP: usize = 4;
 /// 8-column chunks per column block of the panel GEMM (non-fp8 weights).
 const G_KC_CHUNKS: usize = 32;
+/// Tokens per panel-GEMM token block (even): each decoded panel serves this many tokens.
+const G_TOKEN_BLOCK: usize = 48;
 
 impl Job<'_> {
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
@@ -110,21 +112,19 @@ impl Job<'_> {
     unsafe fn gemm_avx512(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
-        debug_assert!(nrows <= ROW_BLOCK_GEMM && TOKEN_BLOCK % 2 == 0);
+        debug_assert!(nrows <= ROW_BLOCK_GEMM && G_TOKEN_BLOCK % 2 == 0);
         let nch = cols / LANES;
         let xps = pair_stride(nch);
         let (kc, fp8) = match self.w {
             WRef::Fp8 { block_cols, .. } => (block_cols / LANES, true),
             _ => (G_KC_CHUNKS, false),
         };
-        s.panel.resize(nrows * kc * LANES, 0.0); // [nrows, kc * 8]
+        let plen = nrows * kc * LANES; // panel: [nrows, kc * 8]
         let mut tb0 = 0;
         while tb0 < n {
-            let nb = TOKEN_BLOCK.min(n - tb0);
+            let nb = G_TOKEN_BLOCK.min(n - tb0);
             let ne = nb.next_multiple_of(2);
-            s.acc.clear();
-            s.acc.resize(nrows * ne * LANES, 0.0); // [nrows, ne, 8]
-            let acc = s.acc.as_mut_ptr();
+            let acc = s.acc64.zeroed(nrows * ne * LANES).as_mut_ptr(); // [nrows, ne, 8]
             let mut c0 = 0;
             let mut b = 0;
             while c0 < nch {
@@ -132,16 +132,16 @@ impl Job<'_> {
                 let (wp, ws) = match self.w {
                     WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
                     WRef::Bf16(d) => {
-                        to_panel::<u16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
+                        to_panel::<u16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
+                        (s.panel64.as_slice().as_ptr(), nc * LANES)
                     }
                     WRef::F16(d) => {
-                        to_panel::<half::f16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
+                        to_panel::<half::f16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
+                        (s.panel64.as_slice().as_ptr(), nc * LANES)
                     }
                     WRef::Fp8 { data, .. } => {
-                        to_panel::<u8>(data.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
+                        to_panel::<u8>(data.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
+                        (s.panel64.as_slice().as_ptr(), nc * LANES)
                     }
                 };
                 // Pair tile outer: its packed activations ([NP pairs, nc chunks, 16], 8 KiB)
@@ -181,7 +181,7 @@ impl Job<'_> {
             let has_tail = cols % LANES != 0;
             for (i, orow) in out.chunks_exact_mut(n).enumerate() {
                 let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                let acc_i = &s.acc[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]
+                let acc_i = &s.acc64.as_slice()[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]
                 for (a, (t, o)) in
                     acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb))
                 {

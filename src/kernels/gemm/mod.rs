@@ -140,12 +140,18 @@ pub(crate) fn matmul_with(
     let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
     let parallel = rows > rb && super::worth_parallel(rows * cols * n);
     // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
-    let mut xpack = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && n > 1 {
-        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xpack); // [pairs, pair_stride]
-    }
-    let job = Job { isa, w, cols, x, n, rb, xpack: &xpack };
+    let mut xbuf = super::simd512::AlignedBuf::default();
+    #[cfg(target_arch = "x86_64")]
+    let xpack: &[f32] = if isa.avx512() && n > 1 {
+        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
+        xbuf.as_slice()
+    } else {
+        &[]
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let xpack: &[f32] = &[];
+    let job = Job { isa, w, cols, x, n, rb, xpack };
     if n == 1 {
         job.run(y, parallel);
     } else {
@@ -173,6 +179,10 @@ struct Scratch {
     row: Vec<f32>,   // [cols] one decoded row (portable path)
     s256: Vec<f32>,  // [row blocks touched, col blocks] fp8 scales * 2^8
     deq: Vec<f32>,   // [block rows, cols] dequantised fp8 (block_cols not a multiple of 8)
+    #[cfg(target_arch = "x86_64")]
+    panel64: super::simd512::AlignedBuf, // AVX-512: `panel`, 64-byte aligned
+    #[cfg(target_arch = "x86_64")]
+    acc64: super::simd512::AlignedBuf, // AVX-512: `acc`, 64-byte aligned
 }
 
 /// One matmul call, shared by all its row blocks.
