@@ -4,8 +4,6 @@
 //! (each element keeps the `lanes.rs` sequence; only the packing differs).
 
 use super::{Job, Scratch, WRef, DIRECT_MAX_TOKENS, DIRECT_TOKEN_BLOCK, LANES, ROW_BLOCK_GEMM};
-use crate::kernels::lanes;
-use crate::kernels::simd::to_panel;
 use crate::kernels::simd512::{direct2, direct2_fp8, pair_stride, tile2_mem};
 
 /// Row tile x pair tile of the direct path (pairs: two tokens each): non-fp8 / fp8.
@@ -95,14 +93,7 @@ impl Job<'_> {
                 i0 += mr;
             }
         }
-        if cols % LANES != 0 {
-            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                for (t, v) in orow.iter_mut().enumerate() {
-                    *v = self.tail(wr0 + i, sc, t, *v);
-                }
-            }
-        }
+        self.finish_tails(wr0, r0, out, s);
     }
 
     /// Many tokens: per token block and column block, decode an f32 panel and sweep MR x NP
@@ -129,21 +120,7 @@ impl Job<'_> {
             let mut b = 0;
             while c0 < nch {
                 let nc = kc.min(nch - c0);
-                let (wp, ws) = match self.w {
-                    WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
-                    WRef::Bf16(d) => {
-                        to_panel::<u16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
-                        (s.panel64.as_slice().as_ptr(), nc * LANES)
-                    }
-                    WRef::F16(d) => {
-                        to_panel::<half::f16>(d.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
-                        (s.panel64.as_slice().as_ptr(), nc * LANES)
-                    }
-                    WRef::Fp8 { data, .. } => {
-                        to_panel::<u8>(data.as_ptr().add(wr0 * cols + c0 * LANES), cols, nrows, nc, s.panel64.reuse(plen));
-                        (s.panel64.as_slice().as_ptr(), nc * LANES)
-                    }
-                };
+                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, s.panel64.reuse(plen));
                 // Pair tile outer: its packed activations ([NP pairs, nc chunks, 16], 8 KiB)
                 // stay in L1 while the row tiles stream the decoded panel from L2.
                 let mut p0 = 0;
@@ -178,18 +155,7 @@ impl Job<'_> {
                 c0 += nc;
                 b += 1;
             }
-            let has_tail = cols % LANES != 0;
-            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                let acc_i = &s.acc64.as_slice()[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]
-                for (a, (t, o)) in
-                    acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb))
-                {
-                    let a: &[f32; LANES] = a.try_into().expect("8 lanes");
-                    let v = lanes::hsum8(a);
-                    *o = if has_tail { self.tail(wr0 + i, sc, t, v) } else { v };
-                }
-            }
+            self.finish_block(s.acc64.as_slice(), ne, wr0, r0, tb0, nb, out, &s.s256);
             tb0 += nb;
         }
     }

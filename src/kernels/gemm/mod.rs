@@ -331,6 +331,52 @@ impl Job<'_> {
         acc
     }
 
+    /// Direct paths' epilogue: every element of `out` ([rows, n], lane sums) gets its scalar
+    /// tail over cols % 8 columns.
+    fn finish_tails(&self, wr0: usize, r0: usize, out: &mut [f32], s: &Scratch) {
+        if self.cols % LANES != 0 {
+            for (i, orow) in out.chunks_exact_mut(self.n).enumerate() {
+                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
+                for (t, v) in orow.iter_mut().enumerate() {
+                    *v = self.tail(wr0 + i, sc, t, *v);
+                }
+            }
+        }
+    }
+
+    /// Panel GEMMs' epilogue for tokens [tb0, tb0 + nb): element (i, t) is the lane sum of
+    /// `acc[(i * ne + t - tb0) * 8..]` ([rows, ne, 8]) plus its scalar tail.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_block(&self, acc: &[f32], ne: usize, wr0: usize, r0: usize, tb0: usize, nb: usize, out: &mut [f32], s256: &[f32]) {
+        let has_tail = self.cols % LANES != 0;
+        for (i, orow) in out.chunks_exact_mut(self.n).enumerate() {
+            let sc = self.fp8_scales(s256, r0, r0 + i);
+            let acc_i = &acc[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]
+            for (a, (t, o)) in acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb)) {
+                let a: &[f32; LANES] = a.try_into().expect("8 lanes");
+                let v = lanes::hsum8(a);
+                *o = if has_tail { self.tail(wr0 + i, sc, t, v) } else { v };
+            }
+        }
+    }
+
+    /// Decode weight rows [wr0, wr0 + nrows) x chunks [c0, c0 + nc) into `panel` (f32, row
+    /// stride nc * 8); f32 weights are read in place. Returns (first row, row stride).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn decode_panel(&self, wr0: usize, c0: usize, nrows: usize, nc: usize, panel: &mut [f32]) -> (*const f32, usize) {
+        use super::simd::to_panel;
+        let cols = self.cols;
+        let off = wr0 * cols + c0 * LANES;
+        match self.w {
+            WRef::F32(d) => return (d.as_ptr().add(off), cols),
+            WRef::Bf16(d) => to_panel::<u16>(d.as_ptr().add(off), cols, nrows, nc, panel),
+            WRef::F16(d) => to_panel::<half::f16>(d.as_ptr().add(off), cols, nrows, nc, panel),
+            WRef::Fp8 { data, .. } => to_panel::<u8>(data.as_ptr().add(off), cols, nrows, nc, panel),
+        }
+        (panel.as_ptr(), nc * LANES)
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn row_block_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
@@ -422,14 +468,7 @@ impl Job<'_> {
                 i0 += mr;
             }
         }
-        if cols % LANES != 0 {
-            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                for (t, v) in orow.iter_mut().enumerate() {
-                    *v = self.tail(wr0 + i, sc, t, *v);
-                }
-            }
-        }
+        self.finish_tails(wr0, r0, out, s);
     }
 
     /// Many tokens (compute-bound): per token block and column block, decode an f32 panel and
@@ -438,7 +477,6 @@ impl Job<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn gemm_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
-        use super::simd::to_panel;
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
         let nch = cols / LANES;
@@ -458,24 +496,7 @@ impl Job<'_> {
             let mut b = 0;
             while c0 < nch {
                 let nc = kc.min(nch - c0);
-                let (wp, ws) = match self.w {
-                    WRef::F32(d) => (d.as_ptr().add(wr0 * cols + c0 * LANES), cols),
-                    WRef::Bf16(d) => {
-                        let p = d.as_ptr().add(wr0 * cols + c0 * LANES);
-                        to_panel::<u16>(p, cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
-                    }
-                    WRef::F16(d) => {
-                        let p = d.as_ptr().add(wr0 * cols + c0 * LANES);
-                        to_panel::<half::f16>(p, cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
-                    }
-                    WRef::Fp8 { data, .. } => {
-                        let p = data.as_ptr().add(wr0 * cols + c0 * LANES);
-                        to_panel::<u8>(p, cols, nrows, nc, &mut s.panel);
-                        (s.panel.as_ptr(), nc * LANES)
-                    }
-                };
+                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, &mut s.panel);
                 // Row tile outer: its KC-wide weights stay in L1 while the token tiles of the
                 // block (x slice [nb, KC], also L1-sized) sweep past.
                 let mut i0 = 0;
@@ -501,19 +522,7 @@ impl Job<'_> {
                 c0 += nc;
                 b += 1;
             }
-            // Without a column tail (cols % 8 == 0) an element is just its lane sum.
-            let has_tail = cols % LANES != 0;
-            for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-                let sc = self.fp8_scales(&s.s256, r0, r0 + i);
-                let acc_i = &s.acc[i * nb * LANES..(i + 1) * nb * LANES]; // [nb, 8]
-                for (a, (t, o)) in
-                    acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb))
-                {
-                    let a: &[f32; LANES] = a.try_into().expect("8 lanes");
-                    let v = lanes::hsum8(a);
-                    *o = if has_tail { self.tail(wr0 + i, sc, t, v) } else { v };
-                }
-            }
+            self.finish_block(&s.acc, nb, wr0, r0, tb0, nb, out, &s.s256);
             tb0 += nb;
         }
     }
