@@ -101,8 +101,10 @@ pub(super) fn mla_attention(
             continue;
         }
         let end = ch.start + len;
-        let mut cache = vec![0f32; end * kvd]; // [end, kv_lora + rope]
-        kv.read_range(layer, ch.kv, 0, end, &mut cache);
+        let mut scratch = LatentScratch::take(end * kvd);
+        let cache = scratch.buf(); // [end, kv_lora + rope]
+        kv.read_range(layer, ch.kv, 0, end, cache);
+        let cache = &*cache;
         let q_ch = &q[t0 * nh * qk..(t0 + len) * nh * qk]; // [len, H, qk]
         let out_ch = &mut attn[t0 * nh * vdim..(t0 + len) * nh * vdim]; // [len, H, v]
         let n_mha = ch.mha_until.saturating_sub(ch.start).min(len);
@@ -115,7 +117,7 @@ pub(super) fn mla_attention(
                 cfg,
                 a,
                 scale,
-                &cache,
+                cache,
                 ch.start + n_mha,
                 &q_ch[n_mha * nh * qk..],
                 &mut out_ch[n_mha * nh * vdim..],
@@ -126,6 +128,41 @@ pub(super) fn mla_attention(
     let mut out = vec![0f32; n * cfg.hidden_size]; // [n, hidden]
     matmul(&a.o_proj, &attn, n, &mut out);
     out
+}
+
+thread_local! {
+    /// This thread's buffer for the latent rows of the sequence being attended (reused from
+    /// layer to layer and step to step: a fresh multi-megabyte allocation per layer costs page
+    /// faults that grow with the context).
+    static LATENT: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A latent-row buffer taken from this thread's [`LATENT`] (or fresh when it is in use) and
+/// given back on drop.
+struct LatentScratch {
+    v: Vec<f32>,
+    len: usize,
+}
+
+impl LatentScratch {
+    fn take(len: usize) -> Self {
+        let mut v = LATENT.with(|c| c.take());
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        LatentScratch { v, len }
+    }
+    /// The first `len` floats (contents unspecified: the caller overwrites them).
+    fn buf(&mut self) -> &mut [f32] {
+        &mut self.v[..self.len]
+    }
+}
+
+impl Drop for LatentScratch {
+    fn drop(&mut self) {
+        let v = std::mem::take(&mut self.v);
+        LATENT.with(|c| c.set(v));
+    }
 }
 
 /// Queries per MHA task: their scores against the keys come from one matmul (each key row is
