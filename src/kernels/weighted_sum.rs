@@ -12,6 +12,8 @@ use super::Isa;
 
 /// Rows per register block.
 const RB: usize = 4;
+/// Keys per tile of the blocked kernels.
+const KEY_TILE: usize = 64;
 
 /// See the module doc. `p`: [rows, ps]; row t of the values at `vals[t * vs..][..width]`;
 /// `out`: [rows, width] (overwritten).
@@ -50,11 +52,16 @@ pub(crate) fn weighted_sum_rows_with(
         #[cfg(target_arch = "x86_64")]
         if isa.simd() && nr == RB && common > 0 {
             // SAFETY: the ISA's features were detected (Isa invariant); bounds checked above.
-            unsafe {
-                if isa.avx512() {
-                    block_avx512(pb, ps, common, vals, vs, width, ob);
-                } else {
-                    block_avx2(pb, ps, common, vals, vs, width, ob);
+            // Key tiles: the tile's value rows stay in L2 while every column block of the row
+            // block sweeps them (accumulators round-trip through `ob` exactly between tiles).
+            for t0 in (0..common).step_by(KEY_TILE) {
+                let t1 = (t0 + KEY_TILE).min(common);
+                unsafe {
+                    if isa.avx512() {
+                        block_avx512(pb, ps, t0, t1, vals, vs, width, ob);
+                    } else {
+                        block_avx2(pb, ps, t0, t1, vals, vs, width, ob);
+                    }
                 }
             }
             done = true;
@@ -72,34 +79,41 @@ pub(crate) fn weighted_sum_rows_with(
     }
 }
 
-/// RB rows, keys 0..len, all columns: up to 4 vectors of 16 columns per register block, then
+/// RB rows, keys t0..t1 (accumulating onto `out`), all columns: up to 4 vectors of 16 columns per register block, then
 /// the column tail one element at a time (same operations).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn block_avx512(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx512(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 16 <= width {
         let nc = 4.min((width - c0) / 16);
         match nc {
-            4 => cols_avx512::<4>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
-            3 => cols_avx512::<3>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
-            2 => cols_avx512::<2>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
-            _ => cols_avx512::<1>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            4 => cols_avx512::<4>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            3 => cols_avx512::<3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx512::<2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx512::<1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 16 * nc;
     }
-    tail_columns(p, ps, len, vals, vs, width, c0, out);
+    tail_columns(p, ps, t0, t1, vals, vs, width, c0, out);
 }
 
 /// RB rows x NC vectors of 16 columns (at `v` / `o`), accumulators in registers over the keys.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, len: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); NC]; RB];
-    for t in 0..len {
+    for (i, ai) in acc.iter_mut().enumerate() {
+        for (j, aj) in ai.iter_mut().enumerate() {
+            *aj = _mm512_loadu_ps(o.add(i * os + 16 * j));
+        }
+    }
+    for t in t0..t1 {
         let mut vv = [_mm512_setzero_ps(); NC];
         for (j, x) in vv.iter_mut().enumerate() {
             *x = _mm512_loadu_ps(v.add(t * vs + 16 * j));
@@ -120,28 +134,35 @@ unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, len: usize, v: 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_avx2(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 8 <= width {
         let nc = 3.min((width - c0) / 8);
         match nc {
-            3 => cols_avx2::<3>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
-            2 => cols_avx2::<2>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
-            _ => cols_avx2::<1>(pp, ps, len, vp.add(c0), vs, op.add(c0), width),
+            3 => cols_avx2::<3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx2::<2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx2::<1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 8 * nc;
     }
-    tail_columns(p, ps, len, vals, vs, width, c0, out);
+    tail_columns(p, ps, t0, t1, vals, vs, width, c0, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, len: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); NC]; RB];
-    for t in 0..len {
+    for (i, ai) in acc.iter_mut().enumerate() {
+        for (j, aj) in ai.iter_mut().enumerate() {
+            *aj = _mm256_loadu_ps(o.add(i * os + 8 * j));
+        }
+    }
+    for t in t0..t1 {
         let mut vv = [_mm256_setzero_ps(); NC];
         for (j, x) in vv.iter_mut().enumerate() {
             *x = _mm256_loadu_ps(v.add(t * vs + 8 * j));
@@ -160,14 +181,14 @@ unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, len: usize, v: *c
     }
 }
 
-/// Columns c0..width of the RB rows, keys 0..len, element by element.
+/// Columns c0..width of the RB rows, keys t0..t1, element by element.
 #[allow(clippy::too_many_arguments)]
-fn tail_columns(p: &[f32], ps: usize, len: usize, vals: &[f32], vs: usize, width: usize, c0: usize, out: &mut [f32]) {
+fn tail_columns(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, c0: usize, out: &mut [f32]) {
     if c0 == width {
         return;
     }
     for i in 0..RB {
-        for t in 0..len {
+        for t in t0..t1 {
             let a = p[i * ps + t];
             for c in c0..width {
                 out[i * width + c] += a * vals[t * vs + c];
