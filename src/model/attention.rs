@@ -12,9 +12,15 @@
 //!   o^h = W_UV^h (sum_t p_t c_t).
 //! Keys are visited in position order 0..=pos for every query, with fixed-order kernels, so a
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
+//! Blocking (not changing any element's order): MHA scores come from one matmul per head and
+//! block of 32 queries; absorbed scores of all heads of all queries from one matmul over the
+//! latent rows (each row read once per step); the value sums of many rows at once from
+//! `kernels::weighted_sum_rows` (each value row read once per block of rows).
 
 use crate::config::ModelConfig;
-use crate::kernels::{for_each_row, weighted_sum_rows, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace, worth_parallel};
+use crate::kernels::{
+    for_each_row, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace, weighted_sum_rows, worth_parallel,
+};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
