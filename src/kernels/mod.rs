@@ -12,10 +12,11 @@
 //! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows),
 //! `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
 //! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
-//! AVX-512), `isa.rs` (run-time choice), `par.rs` (when a loop is
+//! AVX-512), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
 //! worth the rayon pool).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
+mod aligned;
 mod bandwidth;
 mod gemm;
 mod isa;

@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+use super::aligned::AlignedBuf;
 use super::simd::hsum8;
 
 /// A weight element type that can be loaded 8 at a time into both 256-bit halves of a zmm.
@@ -55,43 +56,6 @@ impl WLoad2 for u8 {
         let hi = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b));
         let h = _mm256_and_si256(_mm256_srai_epi16::<1>(hi), _mm256_set1_epi16(0xBFFFu16 as i16));
         _mm512_cvtph_ps(h)
-    }
-}
-
-/// One cache line of f32s (the unit of [`AlignedBuf`]).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
-/// A growable f32 buffer whose start is 64-byte aligned: the 512-bit loads and stores of the
-/// tiles then never split a cache line.
-#[derive(Default)]
-pub(crate) struct AlignedBuf {
-    lines: Vec<Line>,
-}
-
-impl AlignedBuf {
-    /// The first `len` floats, zeroed.
-    pub(crate) fn zeroed(&mut self, len: usize) -> &mut [f32] {
-        self.lines.clear();
-        self.lines.resize(len.div_ceil(16), Line([0.0; 16]));
-        self.as_mut(len)
-    }
-    /// The first `len` floats, contents unspecified (grown with zeros when needed).
-    pub(crate) fn reuse(&mut self, len: usize) -> &mut [f32] {
-        if self.lines.len() < len.div_ceil(16) {
-            self.lines.resize(len.div_ceil(16), Line([0.0; 16]));
-        }
-        self.as_mut(len)
-    }
-    fn as_mut(&mut self, len: usize) -> &mut [f32] {
-        // SAFETY: `Line` is 16 f32s with no padding (size 64 = 16 * 4), so the lines are a
-        // contiguous run of at least `len` initialised f32s.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, len) }
-    }
-    pub(crate) fn as_slice(&self) -> &[f32] {
-        // SAFETY: as in `as_mut`.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.lines.len() * 16) }
     }
 }
 

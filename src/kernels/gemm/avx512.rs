@@ -115,12 +115,12 @@ impl Job<'_> {
         while tb0 < n {
             let nb = G_TOKEN_BLOCK.min(n - tb0);
             let ne = nb.next_multiple_of(2);
-            let acc = s.acc64.zeroed(nrows * ne * LANES).as_mut_ptr(); // [nrows, ne, 8]
+            let acc = s.acc.zeroed(nrows * ne * LANES).as_mut_ptr(); // [nrows, ne, 8]
             let mut c0 = 0;
             let mut b = 0;
             while c0 < nch {
                 let nc = kc.min(nch - c0);
-                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, s.panel64.reuse(plen));
+                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, s.panel.reuse(plen));
                 // Pair tile outer: its packed activations ([NP pairs, nc chunks, 16], 8 KiB)
                 // stay in L1 while the row tiles stream the decoded panel from L2.
                 let mut p0 = 0;
@@ -155,7 +155,7 @@ impl Job<'_> {
                 c0 += nc;
                 b += 1;
             }
-            self.finish_block(s.acc64.as_slice(), ne, wr0, r0, tb0, nb, out, &s.s256);
+            self.finish_block(s.acc.as_slice(), ne, wr0, r0, tb0, nb, out, &s.s256);
             tb0 += nb;
         }
     }

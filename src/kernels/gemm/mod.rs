@@ -19,6 +19,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};
 use super::{Isa, Matrix, MatrixData};
 
@@ -86,13 +87,10 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     for (i, (w, x, y)) in items.into_iter().enumerate() {
         assert_eq!(x.len(), w.cols, "matmul_many: x is not [cols]");
         assert_eq!(y.len(), w.rows, "matmul_many: y is not [rows]");
-        if let MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } = &w.data {
-            assert!(*block_rows > 0 && *block_cols > 0, "matmul_many: fp8 block size 0");
-            assert_eq!(data.len(), w.rows * w.cols, "matmul_many: fp8 data shape");
-            assert_eq!(scale_inv.len(), w.rows.div_ceil(*block_rows) * w.cols.div_ceil(*block_cols));
-        }
+        let wr = WRef::of(w);
+        check_fp8_shape(wr, w.rows, w.cols);
         work += w.rows * w.cols;
-        jobs.push(Job { isa, w: WRef::of(w), cols: w.cols, x, n: 1, rb: ROW_BLOCK_GEMV, xpack: &[] });
+        jobs.push(Job { isa, w: wr, cols: w.cols, x, n: 1, rb: ROW_BLOCK_GEMV, xpack: &[] });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
         }
@@ -104,6 +102,17 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
         for (i, r0, o) in tasks {
             jobs[i].row_block(r0, o, &mut s);
         }
+    }
+}
+
+/// fp8 weights: positive block sizes, [rows, cols] bytes and the matching scale grid
+/// (internal invariant: `Matrix::from_fp8` and the loader already guarantee it).
+fn check_fp8_shape(w: WRef<'_>, rows: usize, cols: usize) {
+    if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = w {
+        assert!(block_rows > 0 && block_cols > 0, "matmul: fp8 block size 0");
+        assert_eq!(data.len(), rows * cols, "matmul: fp8 data is not [rows, cols]");
+        let want = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+        assert_eq!(scale_inv.len(), want, "matmul: fp8 scale_inv shape");
     }
 }
 
@@ -119,12 +128,7 @@ pub(crate) fn matmul_with(
 ) {
     assert_eq!(x.len(), n * cols, "matmul: x is not [n_tokens, cols]");
     assert_eq!(y.len(), n * rows, "matmul: y is not [n_tokens, rows]");
-    if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = w {
-        assert!(block_rows > 0 && block_cols > 0, "matmul: fp8 block size 0");
-        assert_eq!(data.len(), rows * cols, "matmul: fp8 data is not [rows, cols]");
-        let want = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
-        assert_eq!(scale_inv.len(), want, "matmul: fp8 scale_inv shape");
-    }
+    check_fp8_shape(w, rows, cols);
     if n == 0 || rows == 0 {
         return;
     }
@@ -140,17 +144,12 @@ pub(crate) fn matmul_with(
     let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
     let parallel = rows > rb && super::worth_parallel(rows * cols * n);
     // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
+    let mut xbuf = AlignedBuf::default();
     #[cfg(target_arch = "x86_64")]
-    let mut xbuf = super::simd512::AlignedBuf::default();
-    #[cfg(target_arch = "x86_64")]
-    let xpack: &[f32] = if isa.avx512() && n > 1 {
+    if isa.avx512() && n > 1 {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
-        xbuf.as_slice()
-    } else {
-        &[]
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let xpack: &[f32] = &[];
+    }
+    let xpack = xbuf.as_slice();
     let job = Job { isa, w, cols, x, n, rb, xpack };
     if n == 1 {
         job.run(y, parallel);
@@ -174,15 +173,11 @@ pub(crate) fn matmul_with(
 /// Per-task scratch buffers (reused across the blocks one rayon split processes).
 #[derive(Default)]
 struct Scratch {
-    panel: Vec<f32>, // [block rows, column-block width] decoded weights
-    acc: Vec<f32>,   // [block rows, n, 8] lane accumulators
-    row: Vec<f32>,   // [cols] one decoded row (portable path)
-    s256: Vec<f32>,  // [row blocks touched, col blocks] fp8 scales * 2^8
-    deq: Vec<f32>,   // [block rows, cols] dequantised fp8 (block_cols not a multiple of 8)
-    #[cfg(target_arch = "x86_64")]
-    panel64: super::simd512::AlignedBuf, // AVX-512: `panel`, 64-byte aligned
-    #[cfg(target_arch = "x86_64")]
-    acc64: super::simd512::AlignedBuf, // AVX-512: `acc`, 64-byte aligned
+    panel: AlignedBuf, // [block rows, column-block width] decoded weights
+    acc: AlignedBuf,   // [block rows, tokens, 8] lane accumulators
+    row: Vec<f32>,     // [cols] one decoded row (portable path)
+    s256: Vec<f32>,    // [row blocks touched, col blocks] fp8 scales * 2^8
+    deq: Vec<f32>,     // [block rows, cols] dequantised fp8 (block_cols not a multiple of 8)
 }
 
 /// One matmul call, shared by all its row blocks.
@@ -484,19 +479,17 @@ impl Job<'_> {
             WRef::Fp8 { block_cols, .. } => (block_cols / LANES, true),
             _ => (KC_CHUNKS, false),
         };
-        s.panel.resize(nrows * kc * LANES, 0.0); // [nrows, kc * 8]
+        let plen = nrows * kc * LANES; // panel: [nrows, kc * 8]
         let x = self.x.as_ptr();
         let mut tb0 = 0;
         while tb0 < n {
             let nb = TOKEN_BLOCK.min(n - tb0);
-            s.acc.clear();
-            s.acc.resize(nrows * nb * LANES, 0.0); // [nrows, nb, 8]
-            let acc = s.acc.as_mut_ptr();
+            let acc = s.acc.zeroed(nrows * nb * LANES).as_mut_ptr(); // [nrows, nb, 8]
             let mut c0 = 0;
             let mut b = 0;
             while c0 < nch {
                 let nc = kc.min(nch - c0);
-                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, &mut s.panel);
+                let (wp, ws) = self.decode_panel(wr0, c0, nrows, nc, s.panel.reuse(plen));
                 // Row tile outer: its KC-wide weights stay in L1 while the token tiles of the
                 // block (x slice [nb, KC], also L1-sized) sweep past.
                 let mut i0 = 0;
@@ -522,7 +515,7 @@ impl Job<'_> {
                 c0 += nc;
                 b += 1;
             }
-            self.finish_block(&s.acc, nb, wr0, r0, tb0, nb, out, &s.s256);
+            self.finish_block(s.acc.as_slice(), nb, wr0, r0, tb0, nb, out, &s.s256);
             tb0 += nb;
         }
     }

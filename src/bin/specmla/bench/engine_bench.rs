@@ -48,7 +48,8 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let more_prefills = super::parse_lengths(a.prefill_lens.as_deref(), if a.quick { &[] } else { &[2048] }, "prefill-lens")?;
     let long_ctx = super::parse_lengths(a.long_contexts.as_deref(), if a.quick { &[] } else { &[2048, 8192] }, "long-contexts")?;
     let long_steps = if a.quick { 4 } else { 8 };
-    let isa = specmla::engine::resolve_isa(crate::generate::parse_isa(&a.isa)?)?;
+    let isa_level = crate::generate::parse_isa(&a.isa)?;
+    let isa = specmla::engine::resolve_isa(isa_level)?;
 
     // ---- machine probes (same pool size as the engine)
     progress(&format!("probing the machine with {threads} threads"));
@@ -115,38 +116,32 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         max_running: max_batch.max(1),
         prefix_cache: false,
         spec: SpecMode::Fixed(0),
-        isa: crate::generate::parse_isa(&a.isa)?,
+        isa: isa_level,
     };
     let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
     let vocab = c.vocab_size;
     let lo = 3.min(vocab as u32 - 1);
 
-    // ---- prefill: one prompt of prefill_len in one chunk (max_tokens 1)
-    let mut prefill_best = f64::INFINITY;
-    for rep in 0..prefill_reps {
-        progress(&format!("prefill {prefill_len} tokens (rep {})", rep + 1));
-        let mut r = Request::new(Prompt::Tokens(random_tokens(prefill_len, vocab, lo, a.seed + 100 + rep as u64)));
-        r.sampling.max_tokens = 1;
-        r.sampling.ignore_eos = true;
-        let res = super::run_to_completion(&engine, vec![r])?;
-        prefill_best = prefill_best.min(res.wall_s);
-    }
-    let pf_flops = prefill_flops(&c, &costs, prefill_len);
-    let prefill_tps = prefill_len as f64 / prefill_best;
-    let prefill_frac = pf_flops / prefill_best / peak;
-    // longer prompts, one chunk each (best of prefill_reps)
-    let mut long_prefills = Vec::new(); // (len, best seconds)
-    for &len in &more_prefills {
+    // ---- prefill: one prompt per length in one chunk (max_tokens 1), best of prefill_reps
+    let prefill_best_of = |len: usize, seed: u64| -> Result<f64> {
         let mut best = f64::INFINITY;
         for rep in 0..prefill_reps {
             progress(&format!("prefill {len} tokens (rep {})", rep + 1));
-            let mut r = Request::new(Prompt::Tokens(random_tokens(len, vocab, lo, a.seed + 200 + rep as u64)));
+            let mut r = Request::new(Prompt::Tokens(random_tokens(len, vocab, lo, seed + rep as u64)));
             r.sampling.max_tokens = 1;
             r.sampling.ignore_eos = true;
             best = best.min(super::run_to_completion(&engine, vec![r])?.wall_s);
         }
-        long_prefills.push((len, best));
-    }
+        Ok(best)
+    };
+    let prefill_best = prefill_best_of(prefill_len, a.seed + 100)?;
+    let pf_flops = prefill_flops(&c, &costs, prefill_len);
+    let prefill_tps = prefill_len as f64 / prefill_best;
+    let prefill_frac = pf_flops / prefill_best / peak;
+    let long_prefills = more_prefills
+        .iter()
+        .map(|&len| Ok((len, prefill_best_of(len, a.seed + 200)?)))
+        .collect::<Result<Vec<(usize, f64)>>>()?; // (len, best seconds)
 
     // ---- decode at each batch size
     let kv_bpt = engine.stats().target_kv_bytes_per_token;
