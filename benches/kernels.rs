@@ -10,7 +10,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use specmla::kernels::{matmul, measure_peak_flops, measure_read_bandwidth, pin_thread, Isa, Matrix};
+use specmla::kernels::{
+    matmul, measure_peak_flops, measure_read_bandwidth, pin_thread, Isa, Matrix,
+};
 
 fn pool(threads: usize) -> rayon::ThreadPool {
     pool_isa(threads, Isa::detect())
@@ -30,7 +32,9 @@ fn isa_gemm() {
     let (rows, cols) = (2048, 2048);
     let w = bf16_matrix(4, rows, cols);
     for n in [4, 16, 64, 512] {
-        let x: Vec<f32> = bits(5, n * cols).map(|b| (b >> 40) as f32 / 2e7 - 0.4).collect(); // [n, cols]
+        let x: Vec<f32> = bits(5, n * cols)
+            .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+            .collect(); // [n, cols]
         let mut y = vec![0.0f32; n * rows]; // [n, rows]
         let flops = 2.0 * (rows * cols * n) as f64;
         for isa in Isa::available() {
@@ -62,7 +66,9 @@ fn bits(seed: u64, n: usize) -> impl Iterator<Item = u64> {
 
 fn bf16_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
     // Values in about [-1, 1): sign + exponent 0x3f0..0x3f7 + random mantissa.
-    let d: Vec<u16> = bits(seed, rows * cols).map(|b| ((b & 0x807f) as u16) | 0x3f00).collect();
+    let d: Vec<u16> = bits(seed, rows * cols)
+        .map(|b| ((b & 0x807f) as u16) | 0x3f00)
+        .collect();
     Matrix::from_bf16(rows, cols, d)
 }
 
@@ -85,6 +91,9 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "l2") {
+        return l2_probe();
+    }
     if std::env::args().any(|a| a == "isa") {
         return isa_gemm();
     }
@@ -94,7 +103,11 @@ fn main() {
     let bw2 = p2.install(|| measure_read_bandwidth(256 << 20, 5));
     let fl1 = p1.install(|| measure_peak_flops(5));
     let fl2 = p2.install(|| measure_peak_flops(5));
-    println!("read bandwidth   1 thread {:7.2} GB/s   2 threads {:7.2} GB/s", bw1 / 1e9, bw2 / 1e9);
+    println!(
+        "read bandwidth   1 thread {:7.2} GB/s   2 threads {:7.2} GB/s",
+        bw1 / 1e9,
+        bw2 / 1e9
+    );
     println!(
         "peak f32 FMA     1 thread {:7.1} GFLOP/s 2 threads {:7.1} GFLOP/s",
         fl1 / 1e9,
@@ -118,28 +131,39 @@ fn main() {
         );
     }
 
-    // Expert walk: many 2048x1408 bf16 matrices, one GEMV each, in sequence (2 threads).
-    let experts: Vec<Matrix> = (0..48).map(|e| bf16_matrix(100 + e, 2048, 1408)).collect();
-    let bytes: usize = experts.iter().map(Matrix::nbytes).sum();
-    let x = vec![0.5f32; 1408]; // [1, 1408]
-    let mut y = vec![0.0f32; 2048]; // [1, 2048]
-    let bw2 = p2.install(|| measure_read_bandwidth(128 << 20, 3));
-    let t = p2.install(|| {
-        best_of(5, || {
-            for w in &experts {
-                matmul(w, black_box(&x), 1, &mut y);
-            }
-        })
-    });
-    let gbs = bytes as f64 / t;
-    println!(
-        "bf16 expert walk 48 x 2048x1408 ({} MiB): {:7.2} GB/s = {:5.1}% of bandwidth ({:.0} us/expert)",
+    // Expert walk: many 2048x1408 bf16 / fp8 matrices, one GEMV each, in sequence (2 threads).
+    for fp8 in [false, true] {
+        let experts: Vec<Matrix> = (0..48)
+            .map(|e| {
+                if fp8 {
+                    fp8_matrix(100 + e, 2048, 1408)
+                } else {
+                    bf16_matrix(100 + e, 2048, 1408)
+                }
+            })
+            .collect();
+        let bytes: usize = experts.iter().map(Matrix::nbytes).sum();
+        let x = vec![0.5f32; 1408]; // [1, 1408]
+        let mut y = vec![0.0f32; 2048]; // [1, 2048]
+        let bw2 = p2.install(|| measure_read_bandwidth(128 << 20, 3));
+        let t = p2.install(|| {
+            best_of(5, || {
+                for w in &experts {
+                    matmul(w, black_box(&x), 1, &mut y);
+                }
+            })
+        });
+        let gbs = bytes as f64 / t;
+        println!(
+        "{} expert walk 48 x 2048x1408 ({} MiB): {:7.2} GB/s = {:5.1}% of bandwidth ({:.0} us/expert)",
+        if fp8 { "fp8 " } else { "bf16" },
         bytes >> 20,
         gbs / 1e9,
         100.0 * gbs / bw2,
         t * 1e6 / 48.0
     );
-    drop(experts);
+        drop(experts);
+    }
 
     // fp8 GEMV (block 128x128).
     let w = fp8_matrix(3, 8192, 7168);
@@ -160,7 +184,9 @@ fn main() {
     // GEMM: bf16 2048x7168 at several batch sizes, 1 and 2 threads.
     let w = bf16_matrix(4, 2048, 7168);
     for n in [2, 4, 16, 64, 512] {
-        let x: Vec<f32> = bits(5, n * 7168).map(|b| (b >> 40) as f32 / 2e7 - 0.4).collect(); // [n, cols]
+        let x: Vec<f32> = bits(5, n * 7168)
+            .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+            .collect(); // [n, cols]
         let mut y = vec![0.0f32; n * 2048]; // [n, rows]
         let flops = 2.0 * (2048 * 7168 * n) as f64;
         let reps = if n >= 512 { 2 } else { 5 };
@@ -175,5 +201,32 @@ fn main() {
                 t * 1e3
             );
         }
+    }
+}
+
+/// `cargo bench --bench kernels -- l2`: one-thread GEMV over a cache-resident matrix, i.e. the
+/// kernel's compute rate with memory out of the way (bf16 vs fp8 decode cost per byte).
+fn l2_probe() {
+    let p1 = pool(1);
+    for fp8 in [false, true] {
+        let w = if fp8 {
+            fp8_matrix(7, 256, 1408)
+        } else {
+            bf16_matrix(7, 256, 1408)
+        };
+        let x = vec![0.5f32; 1408];
+        let mut y = vec![0.0f32; 256];
+        let t = p1.install(|| {
+            best_of(5, || {
+                for _ in 0..200 {
+                    matmul(&w, black_box(&x), 1, &mut y)
+                }
+            })
+        });
+        println!(
+            "L2-resident {} GEMV 256x1408: {:.2} GB/s 1 thread",
+            if fp8 { "fp8" } else { "bf16" },
+            200.0 * w.nbytes() as f64 / t / 1e9
+        );
     }
 }

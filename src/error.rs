@@ -9,7 +9,10 @@ use std::path::PathBuf;
 pub enum Error {
     /// I/O failure on a file the engine was asked to read.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// config.json is malformed or names something unsupported; `field` is the JSON key.
     #[error("config: field `{field}`: {msg}")]
     Config { field: String, msg: String },
@@ -53,9 +56,15 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn config(field: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Config { field: field.into(), msg: msg.into() }
+        Error::Config {
+            field: field.into(),
+            msg: msg.into(),
+        }
     }
     pub(crate) fn tensor(name: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Tensor { name: name.into(), msg: msg.into() }
+        Error::Tensor {
+            name: name.into(),
+            msg: msg.into(),
+        }
     }
 }

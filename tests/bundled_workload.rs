@@ -24,7 +24,11 @@ use specmla::spec::SpecMode;
 /// tools/train/task.py; natural thinking ~ 10 tokens per operation).
 fn workload(n: usize, tok: &specmla::tokenizer::Tokenizer) -> Vec<Value> {
     if let Ok(text) = std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")) {
-        return text.lines().take(n).map(|l| serde_json::from_str(l).unwrap()).collect();
+        return text
+            .lines()
+            .take(n)
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
     }
     let mut x: u64 = 0x9e37_79b9;
     let mut next = move |m: u64| {
@@ -58,11 +62,23 @@ fn model_pair() -> (std::path::PathBuf, std::path::PathBuf) {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn cfg(spec: SpecMode) -> EngineConfig {
-    EngineConfig { kv_dtype: KvDtype::F32, spec, threads: 2, num_blocks: 4096, draft_num_blocks: 4096, max_running: 64, ..EngineConfig::default() }
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec,
+        threads: 2,
+        num_blocks: 4096,
+        draft_num_blocks: 4096,
+        max_running: 64,
+        ..EngineConfig::default()
+    }
 }
 
 fn engine(draft: DraftSource, spec: SpecMode) -> Engine {
@@ -111,13 +127,19 @@ fn requests(engine: &Engine, n: usize) -> Vec<Request> {
 
 fn compare(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
     for (i, ((b, g), r)) in base.iter().zip(got).zip(reqs).enumerate() {
-        assert_eq!(b.token_ids, g.token_ids, "{label}: prompt {i} tokens differ");
+        assert_eq!(
+            b.token_ids, g.token_ids,
+            "{label}: prompt {i} tokens differ"
+        );
         assert_eq!(b.text, g.text, "{label}: prompt {i} text differs");
         let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
         let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
         assert_eq!(bb, gb, "{label}: prompt {i} log-probs differ");
         if let Some(bud) = r.reasoning_budget {
-            assert!(g.counters.reasoning_tokens <= bud as u64, "{label}: prompt {i} over budget");
+            assert!(
+                g.counters.reasoning_tokens <= bud as u64,
+                "{label}: prompt {i} over budget"
+            );
         }
     }
 }
@@ -127,15 +149,34 @@ fn speculation_is_lossless_on_200_workload_prompts() {
     let base_e = engine(DraftSource::None, SpecMode::Fixed(0));
     let reqs = requests(&base_e, 200);
     let base = base_e.generate(reqs.clone()).unwrap();
-    assert!(base.iter().any(|o| o.counters.forced_end_of_think == 1), "budgets forced some ends");
+    assert!(
+        base.iter().any(|o| o.counters.forced_end_of_think == 1),
+        "budgets forced some ends"
+    );
     assert!(base.iter().any(|o| o.finish_reason == "stop_string"));
     assert!(base.iter().any(|o| o.finish_reason == "length"));
     let draft = model_pair().1;
     for (label, src, spec) in [
-        ("draft k=4", DraftSource::Dir(draft.clone()), SpecMode::Fixed(4)),
-        ("draft k=8", DraftSource::Dir(draft.clone()), SpecMode::Fixed(8)),
-        ("ngram k=3", DraftSource::Ngram { min_n: 1, max_n: 3 }, SpecMode::Fixed(3)),
-        ("adaptive", DraftSource::Dir(draft.clone()), SpecMode::Adaptive { k_max: 6 }),
+        (
+            "draft k=4",
+            DraftSource::Dir(draft.clone()),
+            SpecMode::Fixed(4),
+        ),
+        (
+            "draft k=8",
+            DraftSource::Dir(draft.clone()),
+            SpecMode::Fixed(8),
+        ),
+        (
+            "ngram k=3",
+            DraftSource::Ngram { min_n: 1, max_n: 3 },
+            SpecMode::Fixed(3),
+        ),
+        (
+            "adaptive",
+            DraftSource::Dir(draft.clone()),
+            SpecMode::Adaptive { k_max: 6 },
+        ),
     ] {
         let e = engine(src, spec);
         let got = e.generate(reqs.clone()).unwrap();
@@ -150,8 +191,14 @@ fn speculation_is_lossless_on_200_workload_prompts() {
             t.mean_acceptance_length()
         );
         if label.starts_with("draft") {
-            assert!(t.accepted_tokens * 10 >= t.drafted_tokens, "{label}: trained draft accepted too little (random is ~0.5%)");
-            assert!(t.draft_tokens_saved > 0, "{label}: budget clipping never saved a draft position");
+            assert!(
+                t.accepted_tokens * 10 >= t.drafted_tokens,
+                "{label}: trained draft accepted too little (random is ~0.5%)"
+            );
+            assert!(
+                t.draft_tokens_saved > 0,
+                "{label}: budget clipping never saved a draft position"
+            );
         }
     }
 }
@@ -160,9 +207,15 @@ fn speculation_is_lossless_on_200_workload_prompts() {
 fn greedy_matches_the_transformers_reference() {
     let path = repo().join("models/workload/reference_greedy.jsonl");
     let Ok(text) = std::fs::read_to_string(&path) else {
-        panic!("{} missing: tools/train writes it with the bundled models", path.display());
+        panic!(
+            "{} missing: tools/train writes it with the bundled models",
+            path.display()
+        );
     };
-    let refs: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let refs: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let e = engine(DraftSource::Dir(model_pair().1), SpecMode::Fixed(4));
     let reqs: Vec<Request> = refs
         .iter()
@@ -181,10 +234,18 @@ fn greedy_matches_the_transformers_reference() {
         if o.token_ids == want {
             same += 1;
         } else {
-            eprintln!("mismatch: engine {:?}\n     reference {:?}", o.token_ids, want);
+            eprintln!(
+                "mismatch: engine {:?}\n     reference {:?}",
+                o.token_ids, want
+            );
         }
     }
-    assert_eq!(same, refs.len(), "{same}/{} greedy continuations equal transformers'", refs.len());
+    assert_eq!(
+        same,
+        refs.len(),
+        "{same}/{} greedy continuations equal transformers'",
+        refs.len()
+    );
 }
 
 /// The answer after the last `The answer is D.` in a generated text.
@@ -201,10 +262,16 @@ fn the_thinking_budget_changes_answers() {
     // (speculating with the bundled draft, k=4) answers held-out problems correctly; forced to end
     // thinking at half its natural length it can only guess (chance is 10%), yet still answers.
     let (target, draft) = model_pair();
-    assert!(target.ends_with("target"), "models/target missing: this test needs the trained pair");
+    assert!(
+        target.ends_with("target"),
+        "models/target missing: this test needs the trained pair"
+    );
     let e = engine(DraftSource::Dir(draft), SpecMode::Fixed(4));
     let items = workload(160, e.tokenizer().expect("bundled tokenizer"));
-    assert!(items.iter().all(|w| w["answer"].is_string()), "models/workload/prompts.jsonl (with answers) missing");
+    assert!(
+        items.iter().all(|w| w["answer"].is_string()),
+        "models/workload/prompts.jsonl (with answers) missing"
+    );
     let run = |half: bool| -> Vec<Output> {
         let reqs = items
             .iter()
@@ -212,7 +279,8 @@ fn the_thinking_budget_changes_answers() {
                 let mut r = Request::new(Prompt::Tokens(ids(&w["prompt_token_ids"])));
                 r.sampling.max_tokens = 160;
                 if half {
-                    r.reasoning_budget = Some(w["natural_thinking_tokens"].as_u64().unwrap() as usize / 2);
+                    r.reasoning_budget =
+                        Some(w["natural_thinking_tokens"].as_u64().unwrap() as usize / 2);
                 }
                 r
             })
@@ -220,27 +288,58 @@ fn the_thinking_budget_changes_answers() {
         e.generate(reqs).unwrap()
     };
     let score = |outs: &[Output]| {
-        let ok = outs.iter().zip(&items).filter(|(o, w)| parsed_answer(&o.text) == w["answer"].as_str()).count();
+        let ok = outs
+            .iter()
+            .zip(&items)
+            .filter(|(o, w)| parsed_answer(&o.text) == w["answer"].as_str())
+            .count();
         100.0 * ok as f64 / items.len() as f64
     };
     let full = run(false);
     let half = run(true);
     let (acc_full, acc_half) = (score(&full), score(&half));
-    eprintln!("answer accuracy over {} problems: full thinking {acc_full:.1}%, half {acc_half:.1}%", items.len());
-    assert!(full.iter().all(|o| o.counters.forced_end_of_think == 0), "no budget, nothing forced");
+    eprintln!(
+        "answer accuracy over {} problems: full thinking {acc_full:.1}%, half {acc_half:.1}%",
+        items.len()
+    );
+    assert!(
+        full.iter().all(|o| o.counters.forced_end_of_think == 0),
+        "no budget, nothing forced"
+    );
     for (o, w) in half.iter().zip(&items) {
-        assert_eq!(o.counters.forced_end_of_think, 1, "half budget forces the end: {}", o.text);
+        assert_eq!(
+            o.counters.forced_end_of_think, 1,
+            "half budget forces the end: {}",
+            o.text
+        );
         let budget = w["natural_thinking_tokens"].as_u64().unwrap() / 2;
-        assert!(o.counters.reasoning_tokens <= budget, "{} reasoning tokens over budget {budget}", o.counters.reasoning_tokens);
-        assert!(parsed_answer(&o.text).is_some(), "a forced end still produces an answer: {:?}", o.text);
+        assert!(
+            o.counters.reasoning_tokens <= budget,
+            "{} reasoning tokens over budget {budget}",
+            o.counters.reasoning_tokens
+        );
+        assert!(
+            parsed_answer(&o.text).is_some(),
+            "a forced end still produces an answer: {:?}",
+            o.text
+        );
     }
-    assert!(acc_full >= 90.0, "full thinking answers {acc_full:.1}% (< 90%)");
-    assert!(acc_full - acc_half >= 30.0, "half budget {acc_half:.1}% vs full {acc_full:.1}%: the budget must matter");
+    assert!(
+        acc_full >= 90.0,
+        "full thinking answers {acc_full:.1}% (< 90%)"
+    );
+    assert!(
+        acc_full - acc_half >= 30.0,
+        "half budget {acc_half:.1}% vs full {acc_full:.1}%: the budget must matter"
+    );
 }
 
 #[test]
 fn parsed_answer_reads_the_last_answer() {
-    assert_eq!(parsed_answer("k+1:3+1=4;</think>The answer is 4.<eos>"), Some("4"));
+    assert_eq!(
+        parsed_answer("k+1:3+1=4;</think>The answer is 4.<eos>"),
+        Some("4")
+    );
     assert_eq!(parsed_answer("The answer is 4.The answer is 7."), Some("7"));
     assert_eq!(parsed_answer("The answer is x."), None);
     assert_eq!(parsed_answer("The answer is 4"), None);

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use specmla::config::{ModelConfig, ModelType, ScoringFunc, TopkMethod};
 use specmla::kernels::MatrixData;
 use specmla::weights::{
-    bf16_to_f32, check_tensor_set, expected_tensor_names, expected_tensor_shapes, f32_to_bf16, fp8_e4m3_to_f32, DType, Loader,
-    WeightSource, WeightStore,
+    bf16_to_f32, check_tensor_set, expected_tensor_names, expected_tensor_shapes, f32_to_bf16,
+    fp8_e4m3_to_f32, DType, Loader, WeightSource, WeightStore,
 };
 use specmla::Error;
 
@@ -43,7 +43,12 @@ struct T {
 }
 
 fn t(name: &str, dtype: &'static str, shape: &[usize], data: Vec<u8>) -> T {
-    T { name: name.into(), dtype, shape: shape.to_vec(), data }
+    T {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+        data,
+    }
 }
 
 fn f32s(v: &[f32]) -> Vec<u8> {
@@ -66,11 +71,16 @@ fn st_bytes(ts: &[T]) -> Vec<u8> {
         off += x.data.len();
     }
     header.insert("__metadata__".into(), json!({"format": "pt"}));
-    let mut h = serde_json::to_string(&Value::Object(header)).unwrap().into_bytes();
+    let mut h = serde_json::to_string(&Value::Object(header))
+        .unwrap()
+        .into_bytes();
     while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
-    raw_file(&h, &ts.iter().flat_map(|x| x.data.clone()).collect::<Vec<_>>())
+    raw_file(
+        &h,
+        &ts.iter().flat_map(|x| x.data.clone()).collect::<Vec<_>>(),
+    )
 }
 
 fn raw_file(header: &[u8], data: &[u8]) -> Vec<u8> {
@@ -172,27 +182,54 @@ fn with(mut v: Value, f: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Va
 fn v3_hub_config_resolves() {
     let c = parse(&v3_hub()).unwrap();
     assert_eq!(c.model_type, ModelType::DeepseekV3);
-    assert_eq!((c.hidden_size, c.num_hidden_layers, c.num_attention_heads), (7168, 61, 128));
+    assert_eq!(
+        (c.hidden_size, c.num_hidden_layers, c.num_attention_heads),
+        (7168, 61, 128)
+    );
     assert_eq!(c.q_lora_rank, Some(1536));
     assert_eq!((c.qk_head_dim(), c.kv_cache_dim()), (192, 576));
     let m = c.moe.as_ref().unwrap();
-    assert_eq!((m.n_routed_experts, m.n_shared_experts, m.num_experts_per_tok), (256, 1, 8));
+    assert_eq!(
+        (
+            m.n_routed_experts,
+            m.n_shared_experts,
+            m.num_experts_per_tok
+        ),
+        (256, 1, 8)
+    );
     assert_eq!((m.n_group, m.topk_group), (8, 4));
-    assert_eq!((m.topk_method, m.scoring_func), (TopkMethod::NoauxTc, ScoringFunc::Sigmoid));
+    assert_eq!(
+        (m.topk_method, m.scoring_func),
+        (TopkMethod::NoauxTc, ScoringFunc::Sigmoid)
+    );
     assert!(m.norm_topk_prob);
     assert_eq!(m.routed_scaling_factor, 2.5);
     assert!(!c.is_moe_layer(2) && c.is_moe_layer(3) && c.is_moe_layer(60));
     let q = c.quantization.unwrap();
     assert_eq!((q.block_rows, q.block_cols), (128, 128));
     assert_eq!(c.num_nextn_predict_layers, 1);
-    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(0), vec![1]));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(0), vec![1])
+    );
     let y = c.rope_scaling.as_ref().unwrap();
-    assert_eq!((y.factor, y.mscale_all_dim, y.original_max_position_embeddings), (40.0, 1.0, 4096));
+    assert_eq!(
+        (
+            y.factor,
+            y.mscale_all_dim,
+            y.original_max_position_embeddings
+        ),
+        (40.0, 1.0, 4096)
+    );
     assert_eq!(y.cos_sin_mscale(), 1.0);
     // softmax scale = 192^-0.5 * (0.1 ln 40 + 1)^2
     let mm = 0.1 * 40f64.ln() + 1.0;
     let want = (192f64.powf(-0.5) * mm * mm) as f32;
-    assert!((c.softmax_scale() - want).abs() < 1e-7, "{} vs {want}", c.softmax_scale());
+    assert!(
+        (c.softmax_scale() - want).abs() < 1e-7,
+        "{} vs {want}",
+        c.softmax_scale()
+    );
     assert!((c.softmax_scale() - 0.135_234).abs() < 1e-4);
     let s = c.to_summary_json();
     assert_eq!(s["model_type"], "deepseek_v3");
@@ -207,7 +244,13 @@ fn transformers5_spelling_equals_hub_spelling() {
     // transformers 5 save_pretrained: rope_parameters with rope_theta inside, rope_interleave,
     // no topk_method / scoring_func (defaults noaux_tc + sigmoid), floats for beta/factor.
     let t5 = with(v3_hub(), |m| {
-        for k in ["rope_scaling", "rope_theta", "topk_method", "scoring_func", "moe_layer_freq"] {
+        for k in [
+            "rope_scaling",
+            "rope_theta",
+            "topk_method",
+            "scoring_func",
+            "moe_layer_freq",
+        ] {
             m.remove(k);
         }
         m.insert("rope_interleave".into(), json!(true));
@@ -221,7 +264,10 @@ fn transformers5_spelling_equals_hub_spelling() {
     assert_eq!(parse(&t5).unwrap(), parse(&v3_hub()).unwrap());
     // rope_type "default" or absent scaling: no YaRN, theta from rope_parameters.
     let plain = with(t5, |m| {
-        m.insert("rope_parameters".into(), json!({"rope_type": "default", "rope_theta": 50000.0}));
+        m.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "default", "rope_theta": 50000.0}),
+        );
     });
     let c = parse(&plain).unwrap();
     assert_eq!((c.rope_theta, c.rope_scaling.is_none()), (50000.0, true));
@@ -247,9 +293,22 @@ fn v2_lite_and_v2_defaults() {
     assert!((c.softmax_scale() as f64 - 192f64.powf(-0.5) * mm * mm).abs() < 1e-7);
 
     let bare = with(v2_lite(), |m| {
-        for k in ["topk_method", "scoring_func", "norm_topk_prob", "routed_scaling_factor", "n_group",
-                  "topk_group", "moe_layer_freq", "first_k_dense_replace", "rms_norm_eps",
-                  "tie_word_embeddings", "hidden_act", "rope_theta", "bos_token_id", "eos_token_id"] {
+        for k in [
+            "topk_method",
+            "scoring_func",
+            "norm_topk_prob",
+            "routed_scaling_factor",
+            "n_group",
+            "topk_group",
+            "moe_layer_freq",
+            "first_k_dense_replace",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "hidden_act",
+            "rope_theta",
+            "bos_token_id",
+            "eos_token_id",
+        ] {
             m.remove(k);
         }
         let rs = m.get_mut("rope_scaling").unwrap().as_object_mut().unwrap();
@@ -259,14 +318,26 @@ fn v2_lite_and_v2_defaults() {
     });
     let c = parse(&bare).unwrap();
     let m = c.moe.as_ref().unwrap();
-    assert_eq!((m.topk_method, m.scoring_func), (TopkMethod::Greedy, ScoringFunc::Softmax));
+    assert_eq!(
+        (m.topk_method, m.scoring_func),
+        (TopkMethod::Greedy, ScoringFunc::Softmax)
+    );
     assert!(!m.norm_topk_prob);
-    assert_eq!((m.routed_scaling_factor, m.n_group, m.topk_group), (1.0, 1, 1));
+    assert_eq!(
+        (m.routed_scaling_factor, m.n_group, m.topk_group),
+        (1.0, 1, 1)
+    );
     assert_eq!((m.moe_layer_freq, m.first_k_dense_replace), (1, 0));
-    assert_eq!((c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings), (10000.0, 1e-6, false));
+    assert_eq!(
+        (c.rope_theta, c.rms_norm_eps, c.tie_word_embeddings),
+        (10000.0, 1e-6, false)
+    );
     assert_eq!((c.bos_token_id, c.eos_token_ids.len()), (None, 0));
     let y = c.rope_scaling.clone().unwrap();
-    assert_eq!((y.beta_fast, y.beta_slow, y.mscale, y.mscale_all_dim), (32.0, 1.0, 1.0, 0.0));
+    assert_eq!(
+        (y.beta_fast, y.beta_slow, y.mscale, y.mscale_all_dim),
+        (32.0, 1.0, 1.0, 0.0)
+    );
     // mscale_all_dim 0 => no attention-scale correction; cos/sin get m(factor, 1).
     assert!((c.softmax_scale() - 192f32.powf(-0.5)).abs() < 1e-8);
     assert!((y.cos_sin_mscale() - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-12);
@@ -282,15 +353,34 @@ fn v2_lite_and_v2_defaults() {
 #[test]
 fn v3_defaults_and_layer_rule() {
     let c = parse(&with(v3_hub(), |m| {
-        for k in ["topk_method", "scoring_func", "norm_topk_prob", "routed_scaling_factor",
-                  "n_group", "topk_group", "first_k_dense_replace", "num_nextn_predict_layers"] {
+        for k in [
+            "topk_method",
+            "scoring_func",
+            "norm_topk_prob",
+            "routed_scaling_factor",
+            "n_group",
+            "topk_group",
+            "first_k_dense_replace",
+            "num_nextn_predict_layers",
+        ] {
             m.remove(k);
         }
     }))
     .unwrap();
     let m = c.moe.as_ref().unwrap();
-    assert_eq!((m.topk_method, m.scoring_func, m.norm_topk_prob), (TopkMethod::NoauxTc, ScoringFunc::Sigmoid, true));
-    assert_eq!((m.routed_scaling_factor, m.n_group, m.topk_group, m.first_k_dense_replace), (2.5, 8, 4, 3));
+    assert_eq!(
+        (m.topk_method, m.scoring_func, m.norm_topk_prob),
+        (TopkMethod::NoauxTc, ScoringFunc::Sigmoid, true)
+    );
+    assert_eq!(
+        (
+            m.routed_scaling_factor,
+            m.n_group,
+            m.topk_group,
+            m.first_k_dense_replace
+        ),
+        (2.5, 8, 4, 3)
+    );
     assert_eq!(c.num_nextn_predict_layers, 0);
 
     let c = parse(&with(v3_hub(), |m| {
@@ -320,24 +410,45 @@ fn refusals_name_their_field() {
     let cases: Vec<(Edit, &str)> = vec![
         (set("model_type", json!("llama")), "model_type"),
         (del("model_type"), "model_type"),
-        (set("rope_scaling", json!({"type": "linear", "factor": 2.0})), "rope_scaling.type"),
+        (
+            set("rope_scaling", json!({"type": "linear", "factor": 2.0})),
+            "rope_scaling.type",
+        ),
         (
             Box::new(|m| {
                 m.remove("rope_scaling");
-                m.insert("rope_parameters".into(), json!({"rope_type": "dynamic", "factor": 2.0}));
+                m.insert(
+                    "rope_parameters".into(),
+                    json!({"rope_type": "dynamic", "factor": 2.0}),
+                );
             }),
             "rope_parameters.rope_type",
         ),
         (set("index_topk", json!(2048)), "index_topk"),
         (set("index_n_heads", json!(64)), "index_n_heads"),
         (set("index_head_dim", json!(128)), "index_head_dim"),
-        (set("quantization_config", json!({"quant_method": "gptq", "bits": 4})), "quantization_config.quant_method"),
         (
-            set("quantization_config", json!({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})),
+            set(
+                "quantization_config",
+                json!({"quant_method": "gptq", "bits": 4}),
+            ),
+            "quantization_config.quant_method",
+        ),
+        (
+            set(
+                "quantization_config",
+                json!({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}),
+            ),
             "quantization_config.fmt",
         ),
-        (set("quantization_config", json!({"quant_method": "fp8"})), "quantization_config.weight_block_size"),
-        (set("num_experts_per_tok", json!(300)), "num_experts_per_tok"),
+        (
+            set("quantization_config", json!({"quant_method": "fp8"})),
+            "quantization_config.weight_block_size",
+        ),
+        (
+            set("num_experts_per_tok", json!(300)),
+            "num_experts_per_tok",
+        ),
         (set("topk_group", json!(9)), "topk_group"),
         (set("n_group", json!(7)), "n_group"),
         (set("hidden_size", json!(0)), "hidden_size"),
@@ -355,29 +466,47 @@ fn refusals_name_their_field() {
         (set("hidden_size", json!(-4)), "hidden_size"),
         (set("moe_layer_freq", json!(0)), "moe_layer_freq"),
         (del("moe_intermediate_size"), "moe_intermediate_size"),
-        (set("max_position_embeddings", json!(8192)), "rope_scaling.factor"),
+        (
+            set("max_position_embeddings", json!(8192)),
+            "rope_scaling.factor",
+        ),
     ];
     for (i, (edit, field)) in cases.iter().enumerate() {
         let mut v = v3_hub();
         edit(v.as_object_mut().unwrap());
         assert_eq!(config_field(parse(&v)), *field, "case {i}");
     }
-    assert_eq!(config_field(ModelConfig::from_json_str("{not json")), "(document)");
-    assert_eq!(config_field(ModelConfig::from_json_str("[1]")), "(document)");
+    assert_eq!(
+        config_field(ModelConfig::from_json_str("{not json")),
+        "(document)"
+    );
+    assert_eq!(
+        config_field(ModelConfig::from_json_str("[1]")),
+        "(document)"
+    );
     let msg = parse(&with(v3_hub(), |m| {
         m.insert("num_experts_per_tok".into(), json!(300));
     }))
     .unwrap_err()
     .to_string();
-    assert!(msg.contains("num_experts_per_tok") && msg.contains("300"), "{msg}");
+    assert!(
+        msg.contains("num_experts_per_tok") && msg.contains("300"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn config_from_file() {
     let d = TempDir::new("cfgfile");
     let p = write(d.path(), "config.json", v2_lite().to_string().as_bytes());
-    assert_eq!(ModelConfig::from_file(&p).unwrap(), parse(&v2_lite()).unwrap());
-    assert!(matches!(ModelConfig::from_file(&d.path().join("nope.json")), Err(Error::Io { .. })));
+    assert_eq!(
+        ModelConfig::from_file(&p).unwrap(),
+        parse(&v2_lite()).unwrap()
+    );
+    assert!(matches!(
+        ModelConfig::from_file(&d.path().join("nope.json")),
+        Err(Error::Io { .. })
+    ));
 }
 
 // ---------------------------------------------------------------- dtypes
@@ -392,22 +521,41 @@ fn fp8_table_all_256_values() {
             assert!(got.is_nan(), "{b:#04x}");
             continue;
         }
-        let want = s * if e == 0 { m * 2f64.powi(-9) } else { (8.0 + m) * 2f64.powi(e - 10) };
+        let want = s * if e == 0 {
+            m * 2f64.powi(-9)
+        } else {
+            (8.0 + m) * 2f64.powi(e - 10)
+        };
         assert_eq!(got as f64, want, "{b:#04x}");
     }
     assert!(fp8_e4m3_to_f32(0x7F).is_nan() && fp8_e4m3_to_f32(0xFF).is_nan());
-    let max = (0..=255u8).map(fp8_e4m3_to_f32).filter(|x| !x.is_nan()).fold(f32::MIN, f32::max);
+    let max = (0..=255u8)
+        .map(fp8_e4m3_to_f32)
+        .filter(|x| !x.is_nan())
+        .fold(f32::MIN, f32::max);
     assert_eq!(max, 448.0);
 }
 
 #[test]
 fn bf16_round_trip() {
-    for x in [0.0f32, -0.0, 1.0, -3.5, 2f32.powi(-100), 65280.0, f32::INFINITY, -f32::INFINITY] {
+    for x in [
+        0.0f32,
+        -0.0,
+        1.0,
+        -3.5,
+        2f32.powi(-100),
+        65280.0,
+        f32::INFINITY,
+        -f32::INFINITY,
+    ] {
         assert_eq!(bf16_to_f32(f32_to_bf16(x)), x);
     }
     // 1 + 2^-9 is below the half-way point: rounds down; 1 + 2^-7 + 2^-9 rounds up past a tie.
     assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 2f32.powi(-9))), 1.0);
-    assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 2f32.powi(-7) + 2f32.powi(-9))), 1.0 + 2f32.powi(-7));
+    assert_eq!(
+        bf16_to_f32(f32_to_bf16(1.0 + 2f32.powi(-7) + 2f32.powi(-9))),
+        1.0 + 2f32.powi(-7)
+    );
     let x = 0.123_456_79f32;
     assert!((bf16_to_f32(f32_to_bf16(x)) - x).abs() <= x * 2f32.powi(-8));
 }
@@ -419,7 +567,15 @@ fn single_file_and_bytes() {
     let d = TempDir::new("single");
     let ts = vec![
         t_f32("a", &[2, 2], &[1.0, 2.0, 3.0, 4.0]),
-        t("b", "BF16", &[3], [1.0f32, -2.0, 0.5].iter().flat_map(|x| f32_to_bf16(*x).to_le_bytes()).collect()),
+        t(
+            "b",
+            "BF16",
+            &[3],
+            [1.0f32, -2.0, 0.5]
+                .iter()
+                .flat_map(|x| f32_to_bf16(*x).to_le_bytes())
+                .collect(),
+        ),
         t("c", "I64", &[1], 7i64.to_le_bytes().to_vec()),
     ];
     let bytes = st_bytes(&ts);
@@ -431,11 +587,17 @@ fn single_file_and_bytes() {
         assert_eq!(s.names().collect::<Vec<_>>(), vec!["a", "b", "c"]);
         assert_eq!(s.total_bytes(), 16 + 6 + 8);
         let a = s.get("a").unwrap();
-        assert_eq!((a.name, a.dtype.clone(), a.shape), ("a", DType::F32, &[2usize, 2][..]));
+        assert_eq!(
+            (a.name, a.dtype.clone(), a.shape),
+            ("a", DType::F32, &[2usize, 2][..])
+        );
         assert_eq!(a.data, &f32s(&[1.0, 2.0, 3.0, 4.0])[..]);
         assert_eq!(s.get("c").unwrap().dtype, DType::Other("i64".into()));
         assert!(s.get("zz").is_none());
-        let l = Loader { store: &s, quant: None };
+        let l = Loader {
+            store: &s,
+            quant: None,
+        };
         assert_eq!(l.vector_f32("b", 3).unwrap(), vec![1.0, -2.0, 0.5]);
         assert!(l.has("a") && !l.has("zz"));
     }
@@ -448,49 +610,87 @@ fn single_file_and_bytes() {
 #[test]
 fn sharded_index_two_shards() {
     let d = TempDir::new("sharded");
-    let s1 = st_bytes(&[t_f32("x.weight", &[2], &[1.0, 2.0]), t_f32("y.weight", &[1], &[3.0])]);
+    let s1 = st_bytes(&[
+        t_f32("x.weight", &[2], &[1.0, 2.0]),
+        t_f32("y.weight", &[1], &[3.0]),
+    ]);
     let s2 = st_bytes(&[t_f32("z.weight", &[1], &[4.0])]);
     write(d.path(), "model-00001-of-00002.safetensors", &s1);
     write(d.path(), "model-00002-of-00002.safetensors", &s2);
     let index = json!({"metadata": {"total_size": 16}, "weight_map": {
         "x.weight": "model-00001-of-00002.safetensors", "y.weight": "model-00001-of-00002.safetensors",
         "z.weight": "model-00002-of-00002.safetensors"}});
-    write(d.path(), "model.safetensors.index.json", index.to_string().as_bytes());
+    write(
+        d.path(),
+        "model.safetensors.index.json",
+        index.to_string().as_bytes(),
+    );
     let s = WeightStore::open(WeightSource::Dir(d.path().to_path_buf())).unwrap();
-    assert_eq!(s.names().collect::<Vec<_>>(), vec!["x.weight", "y.weight", "z.weight"]);
-    let l = Loader { store: &s, quant: None };
+    assert_eq!(
+        s.names().collect::<Vec<_>>(),
+        vec!["x.weight", "y.weight", "z.weight"]
+    );
+    let l = Loader {
+        store: &s,
+        quant: None,
+    };
     assert_eq!(l.vector_f32("z.weight", 1).unwrap(), vec![4.0]);
     assert_eq!(s.total_bytes(), 16);
 
     // a tensor the index places in a shard that does not hold it
     let bad = json!({"weight_map": {"x.weight": "model-00002-of-00002.safetensors",
                                      "z.weight": "model-00002-of-00002.safetensors"}});
-    write(d.path(), "model.safetensors.index.json", bad.to_string().as_bytes());
+    write(
+        d.path(),
+        "model.safetensors.index.json",
+        bad.to_string().as_bytes(),
+    );
     let (path, msg) = st_err(WeightStore::open_dir(d.path()));
-    assert!(path.ends_with("model-00002-of-00002.safetensors") && msg.contains("x.weight"), "{path}: {msg}");
+    assert!(
+        path.ends_with("model-00002-of-00002.safetensors") && msg.contains("x.weight"),
+        "{path}: {msg}"
+    );
 
     // missing shard
     let missing = json!({"weight_map": {"x.weight": "model-00001-of-00002.safetensors",
                                          "w.weight": "model-00003-of-00003.safetensors"}});
-    write(d.path(), "model.safetensors.index.json", missing.to_string().as_bytes());
+    write(
+        d.path(),
+        "model.safetensors.index.json",
+        missing.to_string().as_bytes(),
+    );
     let (path, msg) = st_err(WeightStore::open_dir(d.path()));
     assert!(path.ends_with("model.safetensors.index.json"), "{path}");
-    assert!(msg.contains("model-00003-of-00003.safetensors") && msg.contains("does not exist"), "{msg}");
+    assert!(
+        msg.contains("model-00003-of-00003.safetensors") && msg.contains("does not exist"),
+        "{msg}"
+    );
 
     // escaping the directory is refused
     let escape = json!({"weight_map": {"x.weight": "../x.safetensors"}});
-    write(d.path(), "model.safetensors.index.json", escape.to_string().as_bytes());
-    assert!(st_err(WeightStore::open_dir(d.path())).1.contains("plain file name"));
+    write(
+        d.path(),
+        "model.safetensors.index.json",
+        escape.to_string().as_bytes(),
+    );
+    assert!(st_err(WeightStore::open_dir(d.path()))
+        .1
+        .contains("plain file name"));
 
     // no index: all *.safetensors in name order, duplicates across files refused
     std::fs::remove_file(d.path().join("model.safetensors.index.json")).unwrap();
     assert_eq!(WeightStore::open_dir(d.path()).unwrap().names().count(), 3);
     write(d.path(), "model-00003.safetensors", &s2);
-    assert!(st_err(WeightStore::open_dir(d.path())).1.contains("z.weight"));
+    assert!(st_err(WeightStore::open_dir(d.path()))
+        .1
+        .contains("z.weight"));
 
     let empty = TempDir::new("emptydir");
     st_err(WeightStore::open_dir(empty.path()));
-    assert!(matches!(WeightStore::open_dir(&empty.path().join("nope")), Err(Error::Io { .. })));
+    assert!(matches!(
+        WeightStore::open_dir(&empty.path().join("nope")),
+        Err(Error::Io { .. })
+    ));
 }
 
 #[test]
@@ -509,7 +709,9 @@ fn malformed_files_are_errors() {
     assert!(st_err(open(b)).1.contains("past the end"));
     // bad JSON
     assert!(st_err(open(raw_file(b"{\"a\": [", &[]))).1.contains("JSON"));
-    assert!(st_err(open(raw_file(&[0xFF, 0xFE], &[]))).1.contains("UTF-8"));
+    assert!(st_err(open(raw_file(&[0xFF, 0xFE], &[])))
+        .1
+        .contains("UTF-8"));
     // data section truncated
     assert!(!st_err(open(good[..good.len() - 3].to_vec())).1.is_empty());
     // trailing bytes
@@ -542,36 +744,64 @@ fn malformed_files_are_errors() {
 
 #[test]
 fn loader_checks_and_conversions() {
-    let f16: Vec<u8> = [0.5f32, -1.25].iter().flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes()).collect();
+    let f16: Vec<u8> = [0.5f32, -1.25]
+        .iter()
+        .flat_map(|x| half::f16::from_f32(*x).to_bits().to_le_bytes())
+        .collect();
     let bf: Vec<u16> = (0..6).map(|i| f32_to_bf16(i as f32 * 0.25 - 0.5)).collect();
     let store = WeightStore::open(WeightSource::Bytes(st_bytes(&[
         t("odd", "U8", &[1], vec![9]), // puts the following data at an odd offset
         t_f32("w32", &[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
-        t("wbf", "BF16", &[2, 3], bf.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        t(
+            "wbf",
+            "BF16",
+            &[2, 3],
+            bf.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ),
         t("wf16", "F16", &[1, 2], f16),
         t("big", "F32", &[64, 127], vec![0; 64 * 127 * 4]),
         t("i", "I64", &[2, 3], vec![0; 48]),
     ])))
     .unwrap();
-    let l = Loader { store: &store, quant: None };
+    let l = Loader {
+        store: &store,
+        quant: None,
+    };
     let m = l.matrix("w32", 2, 3).unwrap();
     assert!(matches!(&m.data, MatrixData::F32(v) if v[..] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
     let m = l.matrix("wbf", 2, 3).unwrap();
     assert!(matches!(&m.data, MatrixData::Bf16(v) if v[..] == bf[..]));
     let m = l.matrix("wf16", 1, 2).unwrap();
-    assert!(matches!(&m.data, MatrixData::F16(v) if v.iter().map(|x| x.to_f32()).collect::<Vec<_>>() == [0.5, -1.25]));
-    assert_eq!(l.matrix_f32("wbf", 2, 3).unwrap(), vec![-0.5, -0.25, 0.0, 0.25, 0.5, 0.75]);
+    assert!(
+        matches!(&m.data, MatrixData::F16(v) if v.iter().map(|x| x.to_f32()).collect::<Vec<_>>() == [0.5, -1.25])
+    );
+    assert_eq!(
+        l.matrix_f32("wbf", 2, 3).unwrap(),
+        vec![-0.5, -0.25, 0.0, 0.25, 0.5, 0.75]
+    );
 
     assert_eq!(
         tensor_err(l.matrix("big", 64, 128)),
-        ("big".to_string(), "expected shape [64, 128], found [64, 127]".to_string())
+        (
+            "big".to_string(),
+            "expected shape [64, 128], found [64, 127]".to_string()
+        )
     );
     assert_eq!(
         tensor_err(l.matrix("i", 2, 3)),
-        ("i".to_string(), "expected dtype one of f32/bf16/f16/f8_e4m3, found i64".to_string())
+        (
+            "i".to_string(),
+            "expected dtype one of f32/bf16/f16/f8_e4m3, found i64".to_string()
+        )
     );
-    assert_eq!(tensor_err(l.matrix("nope", 1, 1)), ("nope".to_string(), "missing".to_string()));
-    assert_eq!(tensor_err(l.vector_f32("w32", 6)).1, "expected shape [6], found [2, 3]");
+    assert_eq!(
+        tensor_err(l.matrix("nope", 1, 1)),
+        ("nope".to_string(), "missing".to_string())
+    );
+    assert_eq!(
+        tensor_err(l.vector_f32("w32", 6)).1,
+        "expected shape [6], found [2, 3]"
+    );
     let e = l.matrix("big", 64, 128).unwrap_err().to_string();
     assert!(e.contains("`big`") && e.contains("[64, 127]"), "{e}");
 }
@@ -580,7 +810,10 @@ fn loader_checks_and_conversions() {
 fn fp8_matrix_with_partial_blocks() {
     // [5, 7] weights with 2x4 blocks -> scales [3, 2] (last block row and column are partial).
     let (rows, cols, br, bc) = (5usize, 7usize, 2usize, 4usize);
-    let q: Vec<u8> = (0..rows * cols).map(|i| ((i * 37 + 11) % 256) as u8).map(|b| if b & 0x7F == 0x7F { 0x38 } else { b }).collect();
+    let q: Vec<u8> = (0..rows * cols)
+        .map(|i| ((i * 37 + 11) % 256) as u8)
+        .map(|b| if b & 0x7F == 0x7F { 0x38 } else { b })
+        .collect();
     let scales: Vec<f32> = (0..6).map(|i| 0.5 + i as f32).collect(); // [3, 2]
     let store = WeightStore::open(WeightSource::Bytes(st_bytes(&[
         t("p.weight", "F8_E4M3", &[rows, cols], q.clone()),
@@ -590,11 +823,28 @@ fn fp8_matrix_with_partial_blocks() {
         t("s.weight", "F8_E4M3", &[rows, cols], q.clone()),
     ])))
     .unwrap();
-    let quant = Some(specmla::config::Fp8Quant { block_rows: br, block_cols: bc });
-    let l = Loader { store: &store, quant };
+    let quant = Some(specmla::config::Fp8Quant {
+        block_rows: br,
+        block_cols: bc,
+    });
+    let l = Loader {
+        store: &store,
+        quant,
+    };
     let m = l.matrix("p.weight", rows, cols).unwrap();
-    let MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } = &m.data else { panic!("not fp8") };
-    assert_eq!((&data[..], &scale_inv[..], *block_rows, *block_cols), (&q[..], &scales[..], br, bc));
+    let MatrixData::Fp8 {
+        data,
+        scale_inv,
+        block_rows,
+        block_cols,
+    } = &m.data
+    else {
+        panic!("not fp8")
+    };
+    assert_eq!(
+        (&data[..], &scale_inv[..], *block_rows, *block_cols),
+        (&q[..], &scales[..], br, bc)
+    );
     let deq = l.matrix_f32("p.weight", rows, cols).unwrap();
     for i in 0..rows {
         for j in 0..cols {
@@ -604,11 +854,24 @@ fn fp8_matrix_with_partial_blocks() {
     }
     // scale of the wrong shape / missing scale / no quantization_config
     let (name, msg) = tensor_err(l.matrix("r.weight", rows, cols));
-    assert_eq!((name.as_str(), msg.as_str()), ("r.weight_scale_inv", "expected shape [3, 2], found [2, 2]"));
-    assert_eq!(tensor_err(l.matrix("s.weight", rows, cols)), ("s.weight_scale_inv".into(), "missing".into()));
-    let l0 = Loader { store: &store, quant: None };
-    assert!(tensor_err(l0.matrix("p.weight", rows, cols)).1.contains("quantization_config"));
-    assert!(tensor_err(l.vector_f32("p.weight", rows * cols)).1.contains("found [5, 7]"));
+    assert_eq!(
+        (name.as_str(), msg.as_str()),
+        ("r.weight_scale_inv", "expected shape [3, 2], found [2, 2]")
+    );
+    assert_eq!(
+        tensor_err(l.matrix("s.weight", rows, cols)),
+        ("s.weight_scale_inv".into(), "missing".into())
+    );
+    let l0 = Loader {
+        store: &store,
+        quant: None,
+    };
+    assert!(tensor_err(l0.matrix("p.weight", rows, cols))
+        .1
+        .contains("quantization_config"));
+    assert!(tensor_err(l.vector_f32("p.weight", rows * cols))
+        .1
+        .contains("found [5, 7]"));
 }
 
 // ---------------------------------------------------------------- tensor set
@@ -640,31 +903,70 @@ fn store_of(tensors: &[(String, Vec<usize>)]) -> WeightStore {
 fn tensor_set_check() {
     let c = tiny_v3(json!({}));
     let mut ts = expected_tensor_shapes(&c);
-    assert_eq!(ts.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(), expected_tensor_names(&c));
-    let shape_of = |ts: &[(String, Vec<usize>)], n: &str| ts.iter().find(|(m, _)| m == n).unwrap().1.clone();
+    assert_eq!(
+        ts.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        expected_tensor_names(&c)
+    );
+    let shape_of =
+        |ts: &[(String, Vec<usize>)], n: &str| ts.iter().find(|(m, _)| m == n).unwrap().1.clone();
     // hidden 16, heads 2, q_lora 8, kv_lora 8, nope 4, rope 2, v 4, 4 experts of width 8, 1 shared
-    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.q_b_proj.weight"), vec![12, 8]);
-    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), vec![10, 16]);
-    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.kv_b_proj.weight"), vec![16, 8]);
-    assert_eq!(shape_of(&ts, "model.layers.0.self_attn.o_proj.weight"), vec![16, 8]);
-    assert_eq!(shape_of(&ts, "model.layers.0.mlp.down_proj.weight"), vec![16, 24]);
-    assert_eq!(shape_of(&ts, "model.layers.1.mlp.experts.3.gate_proj.weight"), vec![8, 16]);
+    assert_eq!(
+        shape_of(&ts, "model.layers.0.self_attn.q_b_proj.weight"),
+        vec![12, 8]
+    );
+    assert_eq!(
+        shape_of(&ts, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"),
+        vec![10, 16]
+    );
+    assert_eq!(
+        shape_of(&ts, "model.layers.0.self_attn.kv_b_proj.weight"),
+        vec![16, 8]
+    );
+    assert_eq!(
+        shape_of(&ts, "model.layers.0.self_attn.o_proj.weight"),
+        vec![16, 8]
+    );
+    assert_eq!(
+        shape_of(&ts, "model.layers.0.mlp.down_proj.weight"),
+        vec![16, 24]
+    );
+    assert_eq!(
+        shape_of(&ts, "model.layers.1.mlp.experts.3.gate_proj.weight"),
+        vec![8, 16]
+    );
     assert_eq!(shape_of(&ts, "model.layers.1.mlp.gate.weight"), vec![4, 16]);
-    assert_eq!(shape_of(&ts, "model.layers.1.mlp.gate.e_score_correction_bias"), vec![4]);
-    assert_eq!(check_tensor_set(&c, &store_of(&ts)).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        shape_of(&ts, "model.layers.1.mlp.gate.e_score_correction_bias"),
+        vec![4]
+    );
+    assert_eq!(
+        check_tensor_set(&c, &store_of(&ts)).unwrap(),
+        Vec::<String>::new()
+    );
 
     // MTP layer 2 tensors are recognised and returned; inv_freq is ignored
-    let mtp = ["model.layers.2.eh_proj.weight", "model.layers.2.enorm.weight",
-               "model.layers.2.mlp.experts.0.up_proj.weight", "model.layers.2.shared_head.head.weight"];
+    let mtp = [
+        "model.layers.2.eh_proj.weight",
+        "model.layers.2.enorm.weight",
+        "model.layers.2.mlp.experts.0.up_proj.weight",
+        "model.layers.2.shared_head.head.weight",
+    ];
     ts.extend(mtp.iter().map(|s| (s.to_string(), vec![1])));
-    ts.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), vec![1]));
+    ts.push((
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        vec![1],
+    ));
     let got = check_tensor_set(&c, &store_of(&ts)).unwrap();
     let mut want: Vec<String> = mtp.iter().map(|s| s.to_string()).collect();
     want.sort();
     assert_eq!(got, want);
 
     // an unexpected tensor (layer past the MTP range, or a stray name) is refused by name
-    for stray in ["model.layers.3.enorm.weight", "model.layers.0.self_attn.q_proj.weight", "extra.bias"] {
+    for stray in [
+        "model.layers.3.enorm.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "extra.bias",
+    ] {
         let mut n = ts.clone();
         n.push((stray.into(), vec![1]));
         let (name, msg) = tensor_err(check_tensor_set(&c, &store_of(&n)));
@@ -674,25 +976,52 @@ fn tensor_set_check() {
     // a missing expected tensor is refused by name
     let bias = "model.layers.1.mlp.gate.e_score_correction_bias";
     let n: Vec<_> = ts.iter().filter(|(s, _)| s != bias).cloned().collect();
-    assert_eq!(tensor_err(check_tensor_set(&c, &store_of(&n))), (bias.to_string(), "missing".to_string()));
-    // a wrong shape is refused by name
-    let n: Vec<_> = ts.iter().map(|(s, sh)| (s.clone(), if s == bias { vec![5] } else { sh.clone() })).collect();
     assert_eq!(
         tensor_err(check_tensor_set(&c, &store_of(&n))),
-        (bias.to_string(), "expected shape [4], found [5]".to_string())
+        (bias.to_string(), "missing".to_string())
+    );
+    // a wrong shape is refused by name
+    let n: Vec<_> = ts
+        .iter()
+        .map(|(s, sh)| (s.clone(), if s == bias { vec![5] } else { sh.clone() }))
+        .collect();
+    assert_eq!(
+        tensor_err(check_tensor_set(&c, &store_of(&n))),
+        (
+            bias.to_string(),
+            "expected shape [4], found [5]".to_string()
+        )
     );
     // without MTP layers configured, layer-2 tensors are unexpected
     let c0 = tiny_v3(json!({"num_nextn_predict_layers": 0}));
-    assert!(tensor_err(check_tensor_set(&c0, &store_of(&ts))).1.contains("unexpected"));
+    assert!(tensor_err(check_tensor_set(&c0, &store_of(&ts)))
+        .1
+        .contains("unexpected"));
 
     // fp8 config expects _scale_inv siblings; tied embeddings drop lm_head; q_proj when no q-LoRA
-    let cq = tiny_v3(json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]},
-                            "tie_word_embeddings": true, "q_lora_rank": null}));
+    let cq = tiny_v3(
+        json!({"quantization_config": {"quant_method": "fp8", "weight_block_size": [4, 4]},
+                            "tie_word_embeddings": true, "q_lora_rank": null}),
+    );
     let tq = expected_tensor_shapes(&cq);
-    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.q_proj.weight"), vec![12, 16]);
-    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.q_proj.weight_scale_inv"), vec![3, 4]);
-    assert_eq!(shape_of(&tq, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv"), vec![3, 4]);
-    assert!(!tq.iter().any(|(s, _)| s.contains("q_a_proj") || s == "lm_head.weight"));
+    assert_eq!(
+        shape_of(&tq, "model.layers.0.self_attn.q_proj.weight"),
+        vec![12, 16]
+    );
+    assert_eq!(
+        shape_of(&tq, "model.layers.0.self_attn.q_proj.weight_scale_inv"),
+        vec![3, 4]
+    );
+    assert_eq!(
+        shape_of(
+            &tq,
+            "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv"
+        ),
+        vec![3, 4]
+    );
+    assert!(!tq
+        .iter()
+        .any(|(s, _)| s.contains("q_a_proj") || s == "lm_head.weight"));
     let (name, _) = tensor_err(check_tensor_set(&cq, &store_of(&ts)));
     assert!(name.starts_with("model.layers.0."), "{name}");
     assert!(check_tensor_set(&cq, &store_of(&tq)).is_ok());
@@ -713,10 +1042,14 @@ fn golden_checkpoints_pass_tensor_check() {
         if !cfg_path.is_file() {
             continue;
         }
-        let cfg = ModelConfig::from_file(&cfg_path).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        let cfg =
+            ModelConfig::from_file(&cfg_path).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         let store = WeightStore::open_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         check_tensor_set(&cfg, &store).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        let l = Loader { store: &store, quant: cfg.quantization };
+        let l = Loader {
+            store: &store,
+            quant: cfg.quantization,
+        };
         for (name, shape) in expected_tensor_shapes(&cfg) {
             let r = match shape[..] {
                 [n] => l.vector_f32(&name, n).map(|_| ()),

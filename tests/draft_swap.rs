@@ -21,7 +21,14 @@ fn golden(name: &str) -> std::path::PathBuf {
 }
 
 fn cfg() -> EngineConfig {
-    EngineConfig { kv_dtype: KvDtype::F32, spec: SpecMode::Fixed(3), threads: 2, num_blocks: 512, draft_num_blocks: 512, ..EngineConfig::default() }
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec: SpecMode::Fixed(3),
+        threads: 2,
+        num_blocks: 512,
+        draft_num_blocks: 512,
+        ..EngineConfig::default()
+    }
 }
 
 fn requests(n: usize, max_tokens: usize) -> Vec<Request> {
@@ -77,14 +84,24 @@ fn random_weights_like(dir: &std::path::Path, seed: u64) -> Vec<u8> {
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = bufs
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     safetensors::serialize(views, None).unwrap()
 }
 
 /// Run requests, applying `swaps` (step -> source) in the middle; returns outputs by submit order
 /// and acceptance per draft generation.
-fn run_with_swaps(e: &Engine, reqs: Vec<Request>, swaps: &[(u64, DraftSource)], stagger: bool) -> Vec<Vec<u32>> {
+fn run_with_swaps(
+    e: &Engine,
+    reqs: Vec<Request>,
+    swaps: &[(u64, DraftSource)],
+    stagger: bool,
+) -> Vec<Vec<u32>> {
     let mut ids = Vec::new();
     let mut pending: Vec<Request> = reqs;
     pending.reverse();
@@ -114,7 +131,9 @@ fn run_with_swaps(e: &Engine, reqs: Vec<Request>, swaps: &[(u64, DraftSource)], 
         }
         assert!(step < 5000);
     }
-    ids.iter().map(|id| outs.remove(id).unwrap_or_default()).collect()
+    ids.iter()
+        .map(|id| outs.remove(id).unwrap_or_default())
+        .collect()
 }
 
 #[test]
@@ -123,22 +142,33 @@ fn greedy_output_is_identical_across_many_swaps() {
     let base_engine = Engine::new(&golden("v3_yarn"), DraftSource::None, cfg()).unwrap();
     let base = run_with_swaps(&base_engine, reqs.clone(), &[], true);
 
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg()).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::Dir(golden("v3_bf16")),
+        cfg(),
+    )
+    .unwrap();
     let random = random_weights_like(&golden("v3_bf16"), 7);
     let swaps = vec![
-        (3, DraftSource::Bytes(random)),                // same architecture, random weights (in place)
-        (7, DraftSource::Dir(golden("v3_dense3"))),     // a whole other drafter (own config)
-        (11, DraftSource::None),                        // speculation off
+        (3, DraftSource::Bytes(random)), // same architecture, random weights (in place)
+        (7, DraftSource::Dir(golden("v3_dense3"))), // a whole other drafter (own config)
+        (11, DraftSource::None),         // speculation off
         (14, DraftSource::Ngram { min_n: 1, max_n: 3 }), // n-gram
-        (17, DraftSource::Dir(golden("v3_bf16"))),      // back to the good draft
-        (19, DraftSource::File(golden("v3_yarn").join("model.safetensors"))), // f32 weights, same arch
+        (17, DraftSource::Dir(golden("v3_bf16"))), // back to the good draft
+        (
+            19,
+            DraftSource::File(golden("v3_yarn").join("model.safetensors")),
+        ), // f32 weights, same arch
     ];
     let got = run_with_swaps(&e, reqs, &swaps, true);
     assert_eq!(base, got, "greedy output changed across swaps");
     let st = e.stats();
     assert_eq!(st.draft_generation, 6);
     assert!(st.totals.accepted_tokens > 0);
-    assert!(st.kv.prefix_hit_tokens > 0, "prefix cache served hits across swaps");
+    assert!(
+        st.kv.prefix_hit_tokens > 0,
+        "prefix cache served hits across swaps"
+    );
     assert_eq!(st.totals.preemptions, 0, "swaps never touch target KV");
 }
 
@@ -146,27 +176,44 @@ fn greedy_output_is_identical_across_many_swaps() {
 fn acceptance_moves_with_the_draft() {
     let reqs = requests(4, 40);
     let acc = |src: DraftSource| {
-        let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg()).unwrap();
+        let e = Engine::new(
+            &golden("v3_yarn"),
+            DraftSource::Dir(golden("v3_bf16")),
+            cfg(),
+        )
+        .unwrap();
         e.set_draft_weights_blocking(src).unwrap();
         run_with_swaps(&e, reqs.clone(), &[], false);
         let t = e.stats().totals;
         t.accepted_tokens as f64 / t.drafted_tokens.max(1) as f64
     };
     let good = acc(DraftSource::Dir(golden("v3_bf16")));
-    let random = acc(DraftSource::Bytes(random_weights_like(&golden("v3_bf16"), 99)));
+    let random = acc(DraftSource::Bytes(random_weights_like(
+        &golden("v3_bf16"),
+        99,
+    )));
     assert!(good > 0.8, "bf16 copy of the target: acceptance {good}");
     assert!(random < 0.2, "random draft: acceptance {random}");
 }
 
 #[test]
 fn bad_weights_are_refused_and_the_old_draft_keeps_serving() {
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg()).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::Dir(golden("v3_bf16")),
+        cfg(),
+    )
+    .unwrap();
     let tmp = std::env::temp_dir().join(format!("specmla-swap-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     // vocab mismatch: same weights, config says another vocab
     let vdir = tmp.join("vocab");
     std::fs::create_dir_all(&vdir).unwrap();
-    std::fs::copy(golden("v3_bf16").join("model.safetensors"), vdir.join("model.safetensors")).unwrap();
+    std::fs::copy(
+        golden("v3_bf16").join("model.safetensors"),
+        vdir.join("model.safetensors"),
+    )
+    .unwrap();
     let cfgtxt = std::fs::read_to_string(golden("v3_bf16").join("config.json")).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&cfgtxt).unwrap();
     v["vocab_size"] = 64.into();
@@ -178,8 +225,14 @@ fn bad_weights_are_refused_and_the_old_draft_keeps_serving() {
     let cases: Vec<(DraftSource, &str)> = vec![
         (DraftSource::Dir(vdir), "vocabulary mismatch"),
         (DraftSource::Dir(tmp.join("nope")), "config.json"),
-        (DraftSource::File(golden("v3_fp8").join("model.safetensors")), "tensor"), // other shapes
-        (DraftSource::Bytes(b"garbage, not safetensors".to_vec()), "safetensors"),
+        (
+            DraftSource::File(golden("v3_fp8").join("model.safetensors")),
+            "tensor",
+        ), // other shapes
+        (
+            DraftSource::Bytes(b"garbage, not safetensors".to_vec()),
+            "safetensors",
+        ),
         (DraftSource::File(trunc), "safetensors"),
     ];
     let mut r = Request::new(Prompt::Tokens((40..60).collect()));
@@ -189,18 +242,29 @@ fn bad_weights_are_refused_and_the_old_draft_keeps_serving() {
     e.step().unwrap();
     for (src, want) in cases {
         // synchronous path returns the error
-        let err = e.set_draft_weights_blocking(src.clone()).unwrap_err().to_string();
-        assert!(err.to_lowercase().contains(want), "error `{err}` should mention `{want}`");
+        let err = e
+            .set_draft_weights_blocking(src.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.to_lowercase().contains(want),
+            "error `{err}` should mention `{want}`"
+        );
         // asynchronous path reports it through the ticket
         let t = e.set_draft_weights(src);
         let t0 = Instant::now();
         let st = loop {
             match e.swap_status(t) {
-                SwapStatus::Pending if t0.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(5)),
+                SwapStatus::Pending if t0.elapsed() < Duration::from_secs(30) => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 s => break s,
             }
         };
-        assert!(matches!(&st, SwapStatus::Failed(m) if m.to_lowercase().contains(want)), "{st:?}");
+        assert!(
+            matches!(&st, SwapStatus::Failed(m) if m.to_lowercase().contains(want)),
+            "{st:?}"
+        );
         e.step().unwrap();
     }
     while e.has_work() {
@@ -219,7 +283,14 @@ fn stress_swaps_from_another_thread_while_stepping() {
     let reqs = requests(12, 32);
     let base_engine = Engine::new(&golden("v3_yarn"), DraftSource::None, cfg()).unwrap();
     let base = run_with_swaps(&base_engine, reqs.clone(), &[], true);
-    let e = Arc::new(Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg()).unwrap());
+    let e = Arc::new(
+        Engine::new(
+            &golden("v3_yarn"),
+            DraftSource::Dir(golden("v3_bf16")),
+            cfg(),
+        )
+        .unwrap(),
+    );
     let random = random_weights_like(&golden("v3_bf16"), 3);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let swapper = {
@@ -236,7 +307,10 @@ fn stress_swaps_from_another_thread_while_stepping() {
             let t0 = Instant::now();
             let mut n = 0;
             // bounded in count and time
-            while n < 40 && t0.elapsed() < Duration::from_secs(20) && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while n < 40
+                && t0.elapsed() < Duration::from_secs(20)
+                && !stop.load(std::sync::atomic::Ordering::Relaxed)
+            {
                 e.set_draft_weights(srcs[n % srcs.len()].clone());
                 n += 1;
                 std::thread::sleep(Duration::from_millis(3));

@@ -24,14 +24,30 @@ fn request(i: u32) -> Request {
 #[test]
 fn submit_and_cancel_from_other_threads_while_stepping() {
     let g = repo().join("models/golden");
-    let cfg = EngineConfig { kv_dtype: KvDtype::F32, spec: SpecMode::Fixed(3), threads: 2, ..EngineConfig::default() };
-    let e = Arc::new(Engine::new(&g.join("v3_yarn"), DraftSource::Dir(g.join("v3_bf16")), cfg.clone()).unwrap());
+    let cfg = EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec: SpecMode::Fixed(3),
+        threads: 2,
+        ..EngineConfig::default()
+    };
+    let e = Arc::new(
+        Engine::new(
+            &g.join("v3_yarn"),
+            DraftSource::Dir(g.join("v3_bf16")),
+            cfg.clone(),
+        )
+        .unwrap(),
+    );
     let submitted: Arc<Mutex<HashMap<u64, u32>>> = Arc::default();
     let cancelled: Arc<Mutex<Vec<u64>>> = Arc::default();
     let done = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for t in 0..3u32 {
-        let (e, submitted, cancelled) = (Arc::clone(&e), Arc::clone(&submitted), Arc::clone(&cancelled));
+        let (e, submitted, cancelled) = (
+            Arc::clone(&e),
+            Arc::clone(&submitted),
+            Arc::clone(&cancelled),
+        );
         workers.push(std::thread::spawn(move || {
             for j in 0..20u32 {
                 let i = t * 100 + j;
@@ -58,7 +74,12 @@ fn submit_and_cancel_from_other_threads_while_stepping() {
                 for ev in evs {
                     toks.entry(ev.id).or_default().extend(&ev.tokens);
                     if let Some(f) = ev.finish {
-                        assert!(finished.insert(ev.id, (toks.remove(&ev.id).unwrap_or_default(), f)).is_none(), "finished twice");
+                        assert!(
+                            finished
+                                .insert(ev.id, (toks.remove(&ev.id).unwrap_or_default(), f))
+                                .is_none(),
+                            "finished twice"
+                        );
                     }
                 }
             }
@@ -71,20 +92,33 @@ fn submit_and_cancel_from_other_threads_while_stepping() {
     done.store(true, Ordering::SeqCst);
     let finished = stepper.join().unwrap();
     let submitted = submitted.lock().unwrap().clone();
-    assert_eq!(finished.len(), submitted.len(), "every request finished exactly once");
+    assert_eq!(
+        finished.len(),
+        submitted.len(),
+        "every request finished exactly once"
+    );
     let cancelled = cancelled.lock().unwrap().clone();
     // reference: the same prompts alone
     let solo = Engine::new(&g.join("v3_yarn"), DraftSource::None, cfg).unwrap();
     for (id, (toks, fin)) in &finished {
         if cancelled.contains(id) {
-            assert!(matches!(fin, FinishReason::Cancelled | FinishReason::Length), "{fin:?}");
+            assert!(
+                matches!(fin, FinishReason::Cancelled | FinishReason::Length),
+                "{fin:?}"
+            );
             continue;
         }
         assert_eq!(*fin, FinishReason::Length);
-        let want = solo.generate(vec![request(submitted[id])]).unwrap().remove(0).token_ids;
+        let want = solo
+            .generate(vec![request(submitted[id])])
+            .unwrap()
+            .remove(0)
+            .token_ids;
         assert_eq!(toks, &want, "request {id} output differs from a solo run");
     }
-    assert!(cancelled.iter().any(|id| finished[id].1 == FinishReason::Cancelled));
+    assert!(cancelled
+        .iter()
+        .any(|id| finished[id].1 == FinishReason::Cancelled));
     e.check_invariants().unwrap();
     assert_eq!(e.stats().kv.used_blocks, 0);
 }

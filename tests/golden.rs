@@ -27,7 +27,11 @@ fn full_prompt_logits_match_reference_mha_path() {
             let mut kv = kv_for(&model, KvDtype::F32, 64);
             let got = run_chunked(&model, &mut kv, &ids, ids.len(), ids.len());
             let d = max_abs_diff(&got, &reference);
-            assert!(d <= tol(&reference), "{}: MHA full prompt max diff {d}", dir.display());
+            assert!(
+                d <= tol(&reference),
+                "{}: MHA full prompt max diff {d}",
+                dir.display()
+            );
         }
     }
 }
@@ -40,7 +44,11 @@ fn token_by_token_decode_matches_reference_absorbed_path() {
             let mut kv = kv_for(&model, KvDtype::F32, 64);
             let got = run_chunked(&model, &mut kv, &ids, 1, 0);
             let d = max_abs_diff(&got, &reference);
-            assert!(d <= tol(&reference), "{}: absorbed decode max diff {d}", dir.display());
+            assert!(
+                d <= tol(&reference),
+                "{}: absorbed decode max diff {d}",
+                dir.display()
+            );
         }
     }
 }
@@ -55,12 +63,22 @@ fn chunked_prefill_matches_reference_and_is_bitwise_equal_to_one_chunk() {
         for chunk in [1, 5, 16] {
             let got = run_chunked(&model, &mut kv, &ids, chunk, ids.len());
             assert!(max_abs_diff(&got, &reference) <= tol(&reference));
-            assert!(got.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: chunk {chunk} not bitwise", dir.display());
+            assert!(
+                got.iter()
+                    .zip(&whole)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}: chunk {chunk} not bitwise",
+                dir.display()
+            );
         }
         // absorbed path: one chunk vs token by token, bitwise
         let a1 = run_chunked(&model, &mut kv, &ids, 1, 0);
         let a7 = run_chunked(&model, &mut kv, &ids, 7, 0);
-        assert!(a1.iter().zip(&a7).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: absorbed chunking not bitwise", dir.display());
+        assert!(
+            a1.iter().zip(&a7).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: absorbed chunking not bitwise",
+            dir.display()
+        );
     }
 }
 
@@ -76,7 +94,17 @@ fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
         let alone: Vec<Vec<f32>> = refs
             .iter()
             .enumerate()
-            .map(|(i, (ids, _))| pool(1).install(|| run_chunked(&model, &mut kv, ids, ids.len(), if i == 0 { ids.len() } else { 0 })))
+            .map(|(i, (ids, _))| {
+                pool(1).install(|| {
+                    run_chunked(
+                        &model,
+                        &mut kv,
+                        ids,
+                        ids.len(),
+                        if i == 0 { ids.len() } else { 0 },
+                    )
+                })
+            })
             .collect();
         for threads in [1, 2, 3] {
             let mut seqs: Vec<SeqKv> = refs.iter().map(|_| SeqKv::new()).collect();
@@ -96,12 +124,18 @@ fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
                     logits: LogitsMode::All,
                 })
                 .collect();
-            let got = pool(threads).install(|| model.forward(&mut kv, &chunks)).unwrap();
+            let got = pool(threads)
+                .install(|| model.forward(&mut kv, &chunks))
+                .unwrap();
             drop(chunks);
             let mut off = 0;
             for (a, (ids, reference)) in alone.iter().zip(&refs) {
                 let g = &got[off..off + a.len()];
-                assert!(g.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits()), "{}: batch/threads {threads} changed bits", dir.display());
+                assert!(
+                    g.iter().zip(a).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{}: batch/threads {threads} changed bits",
+                    dir.display()
+                );
                 assert!(max_abs_diff(g, reference) <= tol(reference));
                 off += ids.len() * model.config.vocab_size;
             }
@@ -122,10 +156,18 @@ fn quantised_kv_caches_stay_close() {
     let model = Model::load_dir(&dir).unwrap();
     let vocab = model.config.vocab_size;
     let (ids, reference) = golden_reference(&dir).remove(0);
-    for (dt, bound, min_agree) in [(KvDtype::Bf16, 0.05f32, 0.8), (KvDtype::F16, 0.01, 0.8), (KvDtype::Fp8E4M3, 1.0, 0.6)] {
+    for (dt, bound, min_agree) in [
+        (KvDtype::Bf16, 0.05f32, 0.8),
+        (KvDtype::F16, 0.01, 0.8),
+        (KvDtype::Fp8E4M3, 1.0, 0.6),
+    ] {
         let mut kv = kv_for(&model, dt, 64);
         let got = run_chunked(&model, &mut kv, &ids, 1, 0);
-        let mut row_err: Vec<f32> = got.chunks(vocab).zip(reference.chunks(vocab)).map(|(a, b)| max_abs_diff(a, b)).collect();
+        let mut row_err: Vec<f32> = got
+            .chunks(vocab)
+            .zip(reference.chunks(vocab))
+            .map(|(a, b)| max_abs_diff(a, b))
+            .collect();
         let agree = got
             .chunks(vocab)
             .zip(reference.chunks(vocab))
@@ -134,6 +176,10 @@ fn quantised_kv_caches_stay_close() {
         row_err.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let median = row_err[row_err.len() / 2];
         assert!(median < bound, "{dt:?}: median row max-diff {median}");
-        assert!(agree as f64 >= min_agree * ids.len() as f64, "{dt:?}: argmax agrees on {agree}/{}", ids.len());
+        assert!(
+            agree as f64 >= min_agree * ids.len() as f64,
+            "{dt:?}: argmax agrees on {agree}/{}",
+            ids.len()
+        );
     }
 }

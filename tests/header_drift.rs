@@ -9,7 +9,8 @@ fn root() -> PathBuf {
 
 fn generate() -> String {
     let root = root();
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("read cbindgen.toml");
+    let config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("read cbindgen.toml");
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src/ffi/mod.rs"))
@@ -31,7 +32,11 @@ fn header_matches_rust_exports() {
     if have != want {
         let new = root().join("target/specmla.h.generated");
         let _ = std::fs::write(&new, &want);
-        let line = have.lines().zip(want.lines()).position(|(a, b)| a != b).map_or(0, |i| i + 1);
+        let line = have
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .map_or(0, |i| i + 1);
         panic!(
             "include/specmla.h is out of date (first difference near line {line}); the generated header \
              was written to {}; run `make header` and commit it",
@@ -52,9 +57,20 @@ fn header_declares_every_export() {
         while let Some(l) = lines.next() {
             if l.trim() == "#[no_mangle]" {
                 let sig = lines.next().unwrap_or_default();
-                let name = sig.split("fn ").nth(1).and_then(|s| s.split('(').next()).unwrap_or_default();
-                assert!(name.starts_with("specmla_"), "{}: export `{name}` lacks the specmla_ prefix", path.display());
-                assert!(header.contains(&format!("{name}(")), "header lacks `{name}`");
+                let name = sig
+                    .split("fn ")
+                    .nth(1)
+                    .and_then(|s| s.split('(').next())
+                    .unwrap_or_default();
+                assert!(
+                    name.starts_with("specmla_"),
+                    "{}: export `{name}` lacks the specmla_ prefix",
+                    path.display()
+                );
+                assert!(
+                    header.contains(&format!("{name}(")),
+                    "header lacks `{name}`"
+                );
                 n += 1;
             }
         }
@@ -66,6 +82,7 @@ fn header_declares_every_export() {
 #[test]
 #[ignore]
 fn regenerate() {
-    std::fs::create_dir_all(Path::new(&header_path()).parent().expect("include dir")).expect("mkdir include");
+    std::fs::create_dir_all(Path::new(&header_path()).parent().expect("include dir"))
+        .expect("mkdir include");
     std::fs::write(header_path(), generate()).expect("write include/specmla.h");
 }

@@ -21,13 +21,33 @@ const SLOTS: usize = 4;
 #[derive(Debug, Clone)]
 enum Op {
     /// Start a sequence in an empty slot: prompt = base[b] + suffix, matched against the cache.
-    New { slot: usize, base: usize, suffix: Vec<u32>, max_tokens: usize },
+    New {
+        slot: usize,
+        base: usize,
+        suffix: Vec<u32>,
+        max_tokens: usize,
+    },
     /// Grow by `n` tokens (write, set_len), then keep only `accept` of them (rejected drafts).
-    Step { slot: usize, n: usize, accept: usize, tok: u32 },
-    Truncate { slot: usize, back: usize },
-    Free { slot: usize },
-    Register { slot: usize, upto: usize },
-    Reset { salt: u64 },
+    Step {
+        slot: usize,
+        n: usize,
+        accept: usize,
+        tok: u32,
+    },
+    Truncate {
+        slot: usize,
+        back: usize,
+    },
+    Free {
+        slot: usize,
+    },
+    Register {
+        slot: usize,
+        upto: usize,
+    },
+    Reset {
+        salt: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -87,7 +107,14 @@ fn check_data(c: &KvCache, live: &[Option<Live>]) -> Result<(), TestCaseError> {
             c.read_range(layer, &l.seq, 0, n, &mut out);
             for pos in 0..n {
                 let want = content(layer, &l.toks[..=pos]);
-                prop_assert_eq!(&out[pos * W..(pos + 1) * W], &want[..], "layer {} pos {} of {:?}", layer, pos, l.seq);
+                prop_assert_eq!(
+                    &out[pos * W..(pos + 1) * W],
+                    &want[..],
+                    "layer {} pos {} of {:?}",
+                    layer,
+                    pos,
+                    l.seq
+                );
             }
         }
     }
@@ -101,22 +128,40 @@ fn check_all(c: &KvCache, live: &[Option<Live>]) -> Result<(), TestCaseError> {
     }
     let st = c.stats();
     prop_assert_eq!(st.free_blocks + st.cached_blocks + st.used_blocks, NB);
-    let distinct: std::collections::BTreeSet<u32> = seqs.iter().flat_map(|s| s.blocks().iter().copied()).collect();
+    let distinct: std::collections::BTreeSet<u32> = seqs
+        .iter()
+        .flat_map(|s| s.blocks().iter().copied())
+        .collect();
     prop_assert_eq!(st.used_blocks, distinct.len());
     for &b in &distinct {
-        let holders = seqs.iter().map(|s| s.blocks().iter().filter(|&&x| x == b).count()).sum::<usize>();
+        let holders = seqs
+            .iter()
+            .map(|s| s.blocks().iter().filter(|&&x| x == b).count())
+            .sum::<usize>();
         prop_assert_eq!(c.block_refcount(b) as usize, holders);
     }
     check_data(c, live)
 }
 
 fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let cfg = KvConfig { num_layers: LAYERS, kv_lora_rank: R, rope_dim: P, block_size: BS, num_blocks: NB, dtype };
+    let cfg = KvConfig {
+        num_layers: LAYERS,
+        kv_lora_rank: R,
+        rope_dim: P,
+        block_size: BS,
+        num_blocks: NB,
+        dtype,
+    };
     let mut c = KvCache::new(cfg).unwrap();
     let mut live: Vec<Option<Live>> = (0..SLOTS).map(|_| None).collect();
     for op in ops {
         match op {
-            Op::New { slot, base, suffix, max_tokens } => {
+            Op::New {
+                slot,
+                base,
+                suffix,
+                max_tokens,
+            } => {
                 if live[slot].is_some() {
                     continue;
                 }
@@ -128,12 +173,25 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert!(seq.len() <= max_tokens.min(toks.len()));
                 prop_assert_eq!(seq.blocks().len() * BS, seq.len());
                 let st = c.stats();
-                prop_assert_eq!(st.prefix_hit_tokens - before.prefix_hit_tokens, seq.len() as u64);
-                prop_assert_eq!(st.prefix_query_tokens - before.prefix_query_tokens, toks.len() as u64);
+                prop_assert_eq!(
+                    st.prefix_hit_tokens - before.prefix_hit_tokens,
+                    seq.len() as u64
+                );
+                prop_assert_eq!(
+                    st.prefix_query_tokens - before.prefix_query_tokens,
+                    toks.len() as u64
+                );
                 live[slot] = Some(Live { seq, toks });
             }
-            Op::Step { slot, n, accept, tok } => {
-                let Some(l) = live[slot].as_mut() else { continue };
+            Op::Step {
+                slot,
+                n,
+                accept,
+                tok,
+            } => {
+                let Some(l) = live[slot].as_mut() else {
+                    continue;
+                };
                 let len = l.seq.len();
                 let new_len = len + n;
                 let before = c.stats();
@@ -141,7 +199,10 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Err(Error::KvExhausted(_)) => {
                         prop_assert_eq!(&c.stats(), &before, "failed plan must not mutate");
                         let need = c.blocks_for(new_len).saturating_sub(l.seq.blocks().len());
-                        prop_assert!(need > before.free_blocks + before.cached_blocks || !c.can_ever_fit(new_len));
+                        prop_assert!(
+                            need > before.free_blocks + before.cached_blocks
+                                || !c.can_ever_fit(new_len)
+                        );
                         continue;
                     }
                     Err(e) => return Err(TestCaseError::fail(format!("unexpected error {e}"))),
@@ -150,7 +211,10 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         c.commit_grow(&mut l.seq, plan);
                     }
                 }
-                prop_assert_eq!(l.seq.blocks().len(), c.blocks_for(new_len).max(c.blocks_for(len)));
+                prop_assert_eq!(
+                    l.seq.blocks().len(),
+                    c.blocks_for(new_len).max(c.blocks_for(len))
+                );
                 l.toks.truncate(len.max(l.toks.len().min(new_len)));
                 while l.toks.len() < new_len {
                     let t = (tok + l.toks.len() as u32) % 3;
@@ -164,7 +228,9 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 l.toks.truncate(l.seq.len());
             }
             Op::Truncate { slot, back } => {
-                let Some(l) = live[slot].as_mut() else { continue };
+                let Some(l) = live[slot].as_mut() else {
+                    continue;
+                };
                 let target = l.seq.len().saturating_sub(back);
                 let old_blocks = l.seq.blocks().len();
                 c.truncate(&mut l.seq, target);
@@ -186,7 +252,9 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Register { slot, upto } => {
-                let Some(l) = live[slot].as_ref() else { continue };
+                let Some(l) = live[slot].as_ref() else {
+                    continue;
+                };
                 let upto = upto.min(l.seq.len());
                 c.register_prefix(&l.seq, &l.toks[..upto]);
                 // the registered prefix now matches (at least the full blocks of this sequence,

@@ -21,7 +21,14 @@ fn golden(name: &str) -> std::path::PathBuf {
 }
 
 fn cfg(spec: SpecMode) -> EngineConfig {
-    EngineConfig { kv_dtype: KvDtype::F32, spec, threads: 2, num_blocks: 512, draft_num_blocks: 512, ..EngineConfig::default() }
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec,
+        threads: 2,
+        num_blocks: 512,
+        draft_num_blocks: 512,
+        ..EngineConfig::default()
+    }
 }
 
 /// Deterministic prompts + budget edge cases.
@@ -75,7 +82,14 @@ fn run(engine: &Engine, reqs: Vec<Request>) -> Vec<Output> {
     }
     let mut outs: Vec<Output> = ids
         .iter()
-        .map(|&id| Output { id, text: String::new(), token_ids: vec![], logprobs: vec![], finish_reason: String::new(), counters: Default::default() })
+        .map(|&id| Output {
+            id,
+            text: String::new(),
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            counters: Default::default(),
+        })
         .collect();
     let mut open = ids.len();
     let mut steps = 0;
@@ -89,7 +103,9 @@ fn run(engine: &Engine, reqs: Vec<Request>) -> Vec<Output> {
                 open -= 1;
             }
         }
-        engine.check_invariants().unwrap_or_else(|e| panic!("step {steps}: {e}"));
+        engine
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("step {steps}: {e}"));
         steps += 1;
         assert!(steps < 10_000, "no progress");
     }
@@ -107,15 +123,29 @@ fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
         let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
         assert_eq!(bb, gb, "{label}: committed log-probs not bitwise equal");
         if let Some(bud) = r.reasoning_budget {
-            assert!(g.counters.reasoning_tokens <= bud as u64, "{label}: reasoning over budget");
+            assert!(
+                g.counters.reasoning_tokens <= bud as u64,
+                "{label}: reasoning over budget"
+            );
         }
-        assert_eq!(b.counters.reasoning_tokens, g.counters.reasoning_tokens, "{label}: reasoning count differs");
-        assert_eq!(b.counters.forced_end_of_think, g.counters.forced_end_of_think);
+        assert_eq!(
+            b.counters.reasoning_tokens, g.counters.reasoning_tokens,
+            "{label}: reasoning count differs"
+        );
+        assert_eq!(
+            b.counters.forced_end_of_think,
+            g.counters.forced_end_of_think
+        );
     }
 }
 
 fn baseline(reqs: &[Request]) -> Vec<Output> {
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::None,
+        cfg(SpecMode::Fixed(0)),
+    )
+    .unwrap();
     run(&e, reqs.to_vec())
 }
 
@@ -127,15 +157,26 @@ fn draft_model_greedy_is_bitwise_lossless_for_every_k() {
     assert!(base.iter().any(|o| o.counters.forced_end_of_think == 1));
     let mut accepted_any = false;
     for k in 1..=8 {
-        let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg(SpecMode::Fixed(k))).unwrap();
+        let e = Engine::new(
+            &golden("v3_yarn"),
+            DraftSource::Dir(golden("v3_bf16")),
+            cfg(SpecMode::Fixed(k)),
+        )
+        .unwrap();
         let got = run(&e, reqs.clone());
         assert_same(&format!("draft k={k}"), &base, &got, &reqs);
         let st = e.stats();
         accepted_any |= st.totals.accepted_tokens > 0;
         assert!(st.totals.drafted_tokens >= st.totals.accepted_tokens);
-        assert_eq!(st.totals.accepted_tokens, st.totals.accepted_per_position.iter().sum::<u64>());
+        assert_eq!(
+            st.totals.accepted_tokens,
+            st.totals.accepted_per_position.iter().sum::<u64>()
+        );
     }
-    assert!(accepted_any, "the bf16 copy of the target must get drafts accepted");
+    assert!(
+        accepted_any,
+        "the bf16 copy of the target must get drafts accepted"
+    );
 }
 
 #[test]
@@ -143,9 +184,21 @@ fn bad_draft_ngram_and_adaptive_are_lossless() {
     let reqs = requests(30);
     let base = baseline(&reqs);
     for (label, draft, spec) in [
-        ("bad draft", DraftSource::Dir(golden("v3_tied")), SpecMode::Fixed(3)),
-        ("ngram", DraftSource::Ngram { min_n: 1, max_n: 3 }, SpecMode::Fixed(4)),
-        ("adaptive", DraftSource::Dir(golden("v3_bf16")), SpecMode::Adaptive { k_max: 6 }),
+        (
+            "bad draft",
+            DraftSource::Dir(golden("v3_tied")),
+            SpecMode::Fixed(3),
+        ),
+        (
+            "ngram",
+            DraftSource::Ngram { min_n: 1, max_n: 3 },
+            SpecMode::Fixed(4),
+        ),
+        (
+            "adaptive",
+            DraftSource::Dir(golden("v3_bf16")),
+            SpecMode::Adaptive { k_max: 6 },
+        ),
     ] {
         let e = Engine::new(&golden("v3_yarn"), draft, cfg(spec)).unwrap();
         let got = run(&e, reqs.clone());
@@ -176,7 +229,10 @@ fn kv_dtypes_chunking_prefix_cache_and_preemption_keep_outputs() {
     let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), c).unwrap();
     let got = run(&e, reqs.clone());
     assert_same("preemption", &base, &got, &reqs);
-    assert!(got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0, "pool was meant to force preemption");
+    assert!(
+        got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0,
+        "pool was meant to force preemption"
+    );
 }
 
 #[test]
@@ -194,16 +250,31 @@ fn prefix_cache_hits_keep_outputs() {
     let alone: Vec<Output> = reqs
         .iter()
         .map(|r| {
-            let e = Engine::new(&golden("v3_yarn"), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
+            let e = Engine::new(
+                &golden("v3_yarn"),
+                DraftSource::None,
+                cfg(SpecMode::Fixed(0)),
+            )
+            .unwrap();
             run(&e, vec![r.clone()]).remove(0)
         })
         .collect();
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg(SpecMode::Fixed(3))).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::Dir(golden("v3_bf16")),
+        cfg(SpecMode::Fixed(3)),
+    )
+    .unwrap();
     let first = run(&e, vec![reqs[0].clone()]);
     let rest = run(&e, reqs[1..].to_vec());
     let got: Vec<Output> = first.into_iter().chain(rest).collect();
     assert_same("prefix cache", &alone, &got, &reqs);
-    assert!(got[1..].iter().all(|o| o.counters.cached_prompt_tokens >= 32), "prefix blocks were reused");
+    assert!(
+        got[1..]
+            .iter()
+            .all(|o| o.counters.cached_prompt_tokens >= 32),
+        "prefix blocks were reused"
+    );
     assert!(e.stats().kv.prefix_hit_tokens >= 5 * 32);
 }
 
@@ -215,26 +286,49 @@ fn budget_clipping_saves_draft_tokens_and_counts_only_committed() {
     r.reasoning_budget = Some(3);
     r.sampling.max_tokens = 20;
     let base = baseline(&[r.clone()]);
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg(SpecMode::Fixed(8))).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::Dir(golden("v3_bf16")),
+        cfg(SpecMode::Fixed(8)),
+    )
+    .unwrap();
     let got = run(&e, vec![r.clone()]);
     assert_same("clipped", &base, &got, &[r]);
     let c = &got[0].counters;
     assert_eq!(c.reasoning_tokens, 3);
     assert_eq!(c.forced_end_of_think, 1);
     assert_eq!(c.forced_tokens, 2, "two-token end marker forced");
-    assert!(c.draft_tokens_saved >= 5, "k=8 with 3 thinking tokens left saves >= 5 draft positions, got {}", c.draft_tokens_saved);
+    assert!(
+        c.draft_tokens_saved >= 5,
+        "k=8 with 3 thinking tokens left saves >= 5 draft positions, got {}",
+        c.draft_tokens_saved
+    );
     // the forced marker follows exactly the 3 reasoning tokens
     assert_eq!(&got[0].token_ids[3..5], &END);
 }
 
 #[test]
 fn bad_requests_get_clear_errors_and_the_engine_keeps_serving() {
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
-    let err = e.submit(Request::new(Prompt::Tokens(vec![]))).unwrap_err().to_string();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::None,
+        cfg(SpecMode::Fixed(0)),
+    )
+    .unwrap();
+    let err = e
+        .submit(Request::new(Prompt::Tokens(vec![])))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("empty prompt"), "{err}");
-    let err = e.submit(Request::new(Prompt::Tokens(vec![1, 5000]))).unwrap_err().to_string();
+    let err = e
+        .submit(Request::new(Prompt::Tokens(vec![1, 5000])))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("5000"), "{err}");
-    let err = e.submit(Request::new(Prompt::Text("hi".into()))).unwrap_err().to_string();
+    let err = e
+        .submit(Request::new(Prompt::Text("hi".into())))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("tokenizer"), "{err}");
     let mut r = Request::new(Prompt::Tokens(vec![1, 2]));
     r.sampling.max_tokens = 1_000_000;
@@ -250,14 +344,25 @@ fn bad_requests_get_clear_errors_and_the_engine_keeps_serving() {
     let id = e.submit(ok).unwrap();
     let mut toks = 0;
     while e.has_work() {
-        toks += e.step().unwrap().iter().filter(|ev| ev.id == id).map(|ev| ev.tokens.len()).sum::<usize>();
+        toks += e
+            .step()
+            .unwrap()
+            .iter()
+            .filter(|ev| ev.id == id)
+            .map(|ev| ev.tokens.len())
+            .sum::<usize>();
     }
     assert_eq!(toks, 3);
 }
 
 #[test]
 fn cancel_mid_generation() {
-    let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), cfg(SpecMode::Fixed(2))).unwrap();
+    let e = Engine::new(
+        &golden("v3_yarn"),
+        DraftSource::Dir(golden("v3_bf16")),
+        cfg(SpecMode::Fixed(2)),
+    )
+    .unwrap();
     let mut r = Request::new(Prompt::Tokens(vec![1, 2, 3]));
     r.sampling.max_tokens = 40;
     r.sampling.ignore_eos = true;
@@ -266,7 +371,9 @@ fn cancel_mid_generation() {
     e.step().unwrap();
     e.cancel(id).unwrap();
     let evs = e.step().unwrap();
-    assert!(evs.iter().any(|ev| ev.id == id && ev.finish == Some(specmla::engine::FinishReason::Cancelled)));
+    assert!(evs
+        .iter()
+        .any(|ev| ev.id == id && ev.finish == Some(specmla::engine::FinishReason::Cancelled)));
     assert!(!e.has_work());
     e.check_invariants().unwrap();
     assert_eq!(e.stats().kv.used_blocks, 0, "cancel released the KV blocks");

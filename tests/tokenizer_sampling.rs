@@ -21,7 +21,8 @@ fn byte_to_char() -> Vec<char> {
     let mut table = vec!['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         table[b as usize] = if printable {
             char::from_u32(b).unwrap()
         } else {
@@ -147,13 +148,20 @@ fn byte_level_roundtrip_and_specials() {
     let end = tok.token_to_id("</think>").unwrap();
     assert!(ids.contains(&think) && ids.contains(&end));
     assert_eq!(tok.decode(&ids, true).unwrap(), "héllo 🌍hello world");
-    let specials: Vec<String> = tok.special_token_ids().into_iter().map(|(s, _)| s).collect();
+    let specials: Vec<String> = tok
+        .special_token_ids()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
     assert_eq!(specials, vec!["<think>", "</think>", "<|eos|>"]);
     // "é" is a single merged token and the globe is two half-character tokens.
     assert_eq!(tok.encode("é", false).unwrap().len(), 1);
     assert_eq!(tok.encode("🌍", false).unwrap().len(), 2);
     let unknown = tok.vocab_size() as u32;
-    assert!(matches!(tok.decode(&[unknown], false), Err(Error::UnknownToken { .. })));
+    assert!(matches!(
+        tok.decode(&[unknown], false),
+        Err(Error::UnknownToken { .. })
+    ));
 }
 
 #[test]
@@ -182,7 +190,10 @@ fn stream_finish_flushes_incomplete_character() {
     let (deltas, tail) = stream(&tok, &[b'x' as u32, globe[0]], false);
     assert_eq!(deltas, vec!["x", ""]);
     assert_eq!(tail, "\u{FFFD}");
-    assert_eq!(tok.decode(&[b'x' as u32, globe[0]], false).unwrap(), "x\u{FFFD}");
+    assert_eq!(
+        tok.decode(&[b'x' as u32, globe[0]], false).unwrap(),
+        "x\u{FFFD}"
+    );
 }
 
 #[test]
@@ -200,7 +211,10 @@ fn stream_rejects_unknown_ids_without_corrupting_state() {
     let tok = byte_level();
     let mut sd = StreamDecoder::new(false);
     assert_eq!(sd.push(&tok, b'a' as u32).unwrap(), "a");
-    assert!(matches!(sd.push(&tok, 9999), Err(Error::UnknownToken { id: 9999, .. })));
+    assert!(matches!(
+        sd.push(&tok, 9999),
+        Err(Error::UnknownToken { id: 9999, .. })
+    ));
     assert_eq!(sd.push(&tok, b'b' as u32).unwrap(), "b");
     assert_eq!(sd.ids(), &[b'a' as u32, b'b' as u32]);
 }
@@ -239,7 +253,10 @@ fn from_file_and_model_dir() {
     assert_eq!(a.vocab_fingerprint(), byte_level().vocab_fingerprint());
     let other = Tokenizer::from_bytes(metaspace_json().as_bytes()).unwrap();
     assert_ne!(a.vocab_fingerprint(), other.vocab_fingerprint());
-    assert!(matches!(Tokenizer::from_file(&dir.join("absent.json")), Err(Error::Io { .. })));
+    assert!(matches!(
+        Tokenizer::from_file(&dir.join("absent.json")),
+        Err(Error::Io { .. })
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -284,7 +301,13 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 
 fn stochastic(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
-    SamplingParams { temperature, top_k, top_p, seed, ..Default::default() }
+    SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        ..Default::default()
+    }
 }
 
 /// Deterministic pseudo-random logits row.
@@ -299,7 +322,9 @@ fn seeded_sampling_is_deterministic() {
     let run = |seed: u64| -> Vec<u32> {
         let p = stochastic(0.9, 40, 0.95, seed);
         let mut rng = Rng::new(p.seed);
-        rows.iter().map(|row| sample_token(row, &p, &mut rng)).collect()
+        rows.iter()
+            .map(|row| sample_token(row, &p, &mut rng))
+            .collect()
     };
     assert_eq!(run(7), run(7));
     assert_ne!(run(7), run(8));
@@ -310,8 +335,9 @@ fn seeded_sampling_is_deterministic() {
 }
 
 /// Upper critical values of the chi-square distribution at significance 0.001, df = 1..=10.
-const CHI2_CRIT_001: [f64; 10] =
-    [10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588];
+const CHI2_CRIT_001: [f64; 10] = [
+    10.828, 13.816, 16.266, 18.467, 20.515, 22.458, 24.322, 26.124, 27.877, 29.588,
+];
 
 /// Draw `n` samples with `sample_token` and run a chi-square goodness-of-fit test against
 /// `processed_probs` at significance 0.001 (fixed seed, so the outcome is reproducible).
@@ -350,7 +376,10 @@ fn sampling_frequencies_match_processed_probs() {
     for (p, df) in cases {
         let (stat, got_df) = chi_square(&logits, &p, 200_000);
         assert_eq!(got_df, df, "{p:?}");
-        assert!(stat < CHI2_CRIT_001[df - 1], "chi2 {stat} df {df} for {p:?}");
+        assert!(
+            stat < CHI2_CRIT_001[df - 1],
+            "chi2 {stat} df {df} for {p:?}"
+        );
     }
 }
 
@@ -360,9 +389,18 @@ fn top_k_one_and_tiny_top_p_equal_greedy() {
         let row = logits_row(50, 1000 + seed);
         let want = argmax(&row);
         let mut rng = Rng::new(seed);
-        assert_eq!(sample_token(&row, &stochastic(1.5, 1, 1.0, seed), &mut rng), want);
-        assert_eq!(sample_token(&row, &stochastic(1.5, 0, 1e-7, seed), &mut rng), want);
-        assert_eq!(sample_token(&row, &SamplingParams::default(), &mut rng), want);
+        assert_eq!(
+            sample_token(&row, &stochastic(1.5, 1, 1.0, seed), &mut rng),
+            want
+        );
+        assert_eq!(
+            sample_token(&row, &stochastic(1.5, 0, 1e-7, seed), &mut rng),
+            want
+        );
+        assert_eq!(
+            sample_token(&row, &SamplingParams::default(), &mut rng),
+            want
+        );
     }
     assert!(is_greedy(&stochastic(1.5, 1, 1.0, 0)));
 }
@@ -385,7 +423,13 @@ fn sample_from_is_inverse_cdf_in_id_order() {
     let probs = [0.25f32, 0.25, 0.5];
     for seed in 0..500 {
         let u = Rng::new(seed).next_f64();
-        let want = if u < 0.25 { 0 } else if u < 0.5 { 1 } else { 2 };
+        let want = if u < 0.25 {
+            0
+        } else if u < 0.5 {
+            1
+        } else {
+            2
+        };
         assert_eq!(sample_from(&probs, &mut Rng::new(seed)), want, "u = {u}");
     }
 }
@@ -393,14 +437,39 @@ fn sample_from_is_inverse_cdf_in_id_order() {
 #[test]
 fn validate_rejects_bad_requests() {
     let bad = [
-        SamplingParams { temperature: f32::NAN, ..Default::default() },
-        SamplingParams { temperature: -1.0, ..Default::default() },
-        SamplingParams { top_p: 0.0, ..Default::default() },
-        SamplingParams { top_p: 1.5, ..Default::default() },
-        SamplingParams { max_tokens: 0, ..Default::default() },
-        SamplingParams { stop_strings: vec![String::new()], ..Default::default() },
+        SamplingParams {
+            temperature: f32::NAN,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 1.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            max_tokens: 0,
+            ..Default::default()
+        },
+        SamplingParams {
+            stop_strings: vec![String::new()],
+            ..Default::default()
+        },
     ];
-    let fields = ["temperature", "temperature", "top_p", "top_p", "max_tokens", "stop_strings"];
+    let fields = [
+        "temperature",
+        "temperature",
+        "top_p",
+        "top_p",
+        "max_tokens",
+        "stop_strings",
+    ];
     for (p, field) in bad.iter().zip(fields) {
         match p.validate() {
             Err(Error::InvalidRequest(msg)) => assert!(msg.starts_with(field), "{msg}"),
@@ -446,26 +515,43 @@ fn stop_string_over_streamed_tokens() {
 #[test]
 fn bundled_trained_tokenizer() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
-    let text = "<bos>Q: Let x=3. Evaluate mod 10: a+4, b-7 c+0<think>a+4:3+4=7;b-7:7-7=0;c+0:0+0=0;\
+    let text =
+        "<bos>Q: Let x=3. Evaluate mod 10: a+4, b-7 c+0<think>a+4:3+4=7;b-7:7-7=0;c+0:0+0=0;\
                 </think>The answer is 0.<eos>";
     let mut fingerprints = Vec::new();
     for name in ["target", "draft-weak", "draft"] {
-        let Some(tok) = Tokenizer::from_model_dir(&root.join(name)).unwrap() else { continue };
+        let Some(tok) = Tokenizer::from_model_dir(&root.join(name)).unwrap() else {
+            continue;
+        };
         let think = tok.token_to_id("<think>").expect("<think> in vocab");
         let end = tok.token_to_id("</think>").expect("</think> in vocab");
-        let specials: Vec<u32> = tok.special_token_ids().into_iter().map(|(_, id)| id).collect();
-        assert!(specials.contains(&think) && specials.contains(&end), "{name}: {specials:?}");
+        let specials: Vec<u32> = tok
+            .special_token_ids()
+            .into_iter()
+            .map(|(_, id)| id)
+            .collect();
+        assert!(
+            specials.contains(&think) && specials.contains(&end),
+            "{name}: {specials:?}"
+        );
         let ids = tok.encode(text, false).unwrap();
         assert!(ids.contains(&think) && ids.contains(&end), "{name}");
         assert_eq!(tok.decode(&ids, false).unwrap(), text, "{name}");
         let (deltas, tail) = stream(&tok, &ids, false);
         assert_eq!(deltas.concat() + &tail, text, "{name}");
         let (deltas, tail) = stream(&tok, &ids, true);
-        assert_eq!(deltas.concat() + &tail, tok.decode(&ids, true).unwrap(), "{name}");
+        assert_eq!(
+            deltas.concat() + &tail,
+            tok.decode(&ids, true).unwrap(),
+            "{name}"
+        );
         fingerprints.push((name, tok.vocab_fingerprint()));
     }
     if fingerprints.is_empty() {
         eprintln!("bundled_trained_tokenizer: no models/*/tokenizer.json present; nothing checked");
     }
-    assert!(fingerprints.windows(2).all(|w| w[0].1 == w[1].1), "{fingerprints:?}");
+    assert!(
+        fingerprints.windows(2).all(|w| w[0].1 == w[1].1),
+        "{fingerprints:?}"
+    );
 }

@@ -17,7 +17,10 @@ pub(crate) struct Obj<'a> {
 
 impl<'a> Obj<'a> {
     pub(crate) fn new(map: &'a Map<String, Value>, prefix: &str) -> Self {
-        Obj { map, prefix: prefix.to_string() }
+        Obj {
+            map,
+            prefix: prefix.to_string(),
+        }
     }
 
     /// Full field name for error messages.
@@ -56,7 +59,8 @@ impl<'a> Obj<'a> {
     }
 
     pub(crate) fn req_usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?.ok_or_else(|| self.err(key, "required field is missing"))
+        self.opt_usize(key)?
+            .ok_or_else(|| self.err(key, "required field is missing"))
     }
 
     /// Required and > 0.

@@ -75,30 +75,49 @@ pub struct ModelConfig {
 
 /// Keys that imply model features this engine does not implement.
 const REFUSED_KEYS: &[(&str, &str)] = &[
-    ("index_n_heads", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
-    ("index_head_dim", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
-    ("index_topk", "DeepSeek-V3.2 sparse-attention indexer is not supported"),
+    (
+        "index_n_heads",
+        "DeepSeek-V3.2 sparse-attention indexer is not supported",
+    ),
+    (
+        "index_head_dim",
+        "DeepSeek-V3.2 sparse-attention indexer is not supported",
+    ),
+    (
+        "index_topk",
+        "DeepSeek-V3.2 sparse-attention indexer is not supported",
+    ),
 ];
 
 impl ModelConfig {
     /// Read and parse `config.json`. I/O failures -> `Error::Io`; content -> `Error::Config`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })?;
         Self::from_json_str(&text)
     }
 
     /// Parse the text of a `config.json`.
     pub fn from_json_str(s: &str) -> Result<Self> {
-        let value: Value = serde_json::from_str(s).map_err(|e| Error::config("(document)", format!("invalid JSON: {e}")))?;
+        let value: Value = serde_json::from_str(s)
+            .map_err(|e| Error::config("(document)", format!("invalid JSON: {e}")))?;
         let Value::Object(map) = &value else {
-            return Err(Error::config("(document)", "config.json must be a JSON object"));
+            return Err(Error::config(
+                "(document)",
+                "config.json must be a JSON object",
+            ));
         };
         let o = Obj::new(map, "");
         let model_type = match o.opt_str("model_type")? {
             Some("deepseek_v2") => ModelType::DeepseekV2,
             Some("deepseek_v3") => ModelType::DeepseekV3,
             Some(other) => {
-                return Err(o.err("model_type", format!("{other:?} is not supported (deepseek_v2 or deepseek_v3)")))
+                return Err(o.err(
+                    "model_type",
+                    format!("{other:?} is not supported (deepseek_v2 or deepseek_v3)"),
+                ))
             }
             None => return Err(o.err("model_type", "required field is missing")),
         };
@@ -109,7 +128,10 @@ impl ModelConfig {
         }
         if let Some(act) = o.opt_str("hidden_act")? {
             if act != "silu" {
-                return Err(o.err("hidden_act", format!("{act:?} is not supported (only silu)")));
+                return Err(o.err(
+                    "hidden_act",
+                    format!("{act:?} is not supported (only silu)"),
+                ));
             }
         }
         for key in ["attention_bias", "mlp_bias"] {
@@ -121,10 +143,16 @@ impl ModelConfig {
         let (rope_theta, rope_scaling) = parse_rope(&o, max_position_embeddings)?;
         let qk_rope_head_dim = o.req_dim("qk_rope_head_dim")?;
         if qk_rope_head_dim % 2 != 0 {
-            return Err(o.err("qk_rope_head_dim", format!("must be even (rotary pairs), found {qk_rope_head_dim}")));
+            return Err(o.err(
+                "qk_rope_head_dim",
+                format!("must be even (rotary pairs), found {qk_rope_head_dim}"),
+            ));
         }
         if !o.has_key("q_lora_rank") {
-            return Err(o.err("q_lora_rank", "required field is missing (null for a plain q_proj)"));
+            return Err(o.err(
+                "q_lora_rank",
+                "required field is missing (null for a plain q_proj)",
+            ));
         }
         let q_lora_rank = match o.opt_usize("q_lora_rank")? {
             Some(0) => return Err(o.err("q_lora_rank", "must be > 0 or null")),
@@ -193,7 +221,9 @@ impl ModelConfig {
 
     /// Number of decoder layers that use the MoE block.
     pub fn num_moe_layers(&self) -> usize {
-        (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).count()
+        (0..self.num_hidden_layers)
+            .filter(|&l| self.is_moe_layer(l))
+            .count()
     }
 
     /// A JSON summary of the resolved configuration (for `specmla info`).
@@ -276,7 +306,10 @@ fn eos_ids(o: &Obj<'_>) -> Result<Vec<u32>> {
         None => Ok(Vec::new()),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|v| value_to_id(v).ok_or_else(|| o.err("eos_token_id", format!("expected a token id, found {v}"))))
+            .map(|v| {
+                value_to_id(v)
+                    .ok_or_else(|| o.err("eos_token_id", format!("expected a token id, found {v}")))
+            })
             .collect(),
         Some(_) => Ok(vec![token_id(o, "eos_token_id")?.expect("present")]),
     }
@@ -288,7 +321,12 @@ fn parse_quant(o: &Obj<'_>) -> Result<Option<Fp8Quant>> {
     };
     match q.opt_str("quant_method")? {
         Some("fp8") => {}
-        Some(other) => return Err(q.err("quant_method", format!("{other:?} is not supported (only fp8)"))),
+        Some(other) => {
+            return Err(q.err(
+                "quant_method",
+                format!("{other:?} is not supported (only fp8)"),
+            ))
+        }
         None => return Err(q.err("quant_method", "required field is missing")),
     }
     if let Some(fmt) = q.opt_str("fmt")? {
@@ -298,16 +336,32 @@ fn parse_quant(o: &Obj<'_>) -> Result<Option<Fp8Quant>> {
     }
     if let Some(a) = q.opt_str("activation_scheme")? {
         if a != "dynamic" {
-            return Err(q.err("activation_scheme", format!("{a:?} is not supported (only dynamic)")));
+            return Err(q.err(
+                "activation_scheme",
+                format!("{a:?} is not supported (only dynamic)"),
+            ));
         }
     }
     let block = match q.get("weight_block_size") {
         Some(Value::Array(v)) if v.len() == 2 => (as_usize(&v[0]), as_usize(&v[1])),
-        Some(v) => return Err(q.err("weight_block_size", format!("expected [rows, cols], found {v}"))),
-        None => return Err(q.err("weight_block_size", "required field is missing (per-tensor fp8 is not supported)")),
+        Some(v) => {
+            return Err(q.err(
+                "weight_block_size",
+                format!("expected [rows, cols], found {v}"),
+            ))
+        }
+        None => {
+            return Err(q.err(
+                "weight_block_size",
+                "required field is missing (per-tensor fp8 is not supported)",
+            ))
+        }
     };
     match block {
-        (Some(r), Some(c)) if r > 0 && c > 0 => Ok(Some(Fp8Quant { block_rows: r, block_cols: c })),
+        (Some(r), Some(c)) if r > 0 && c > 0 => Ok(Some(Fp8Quant {
+            block_rows: r,
+            block_cols: c,
+        })),
         _ => Err(q.err("weight_block_size", "block sizes must be positive integers")),
     }
 }

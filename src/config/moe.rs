@@ -79,7 +79,10 @@ pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<Moe
         return Ok(None);
     };
     if n_routed_experts == 0 {
-        return Err(o.err("n_routed_experts", "must be > 0 (use null for a dense model)"));
+        return Err(o.err(
+            "n_routed_experts",
+            "must be > 0 (use null for a dense model)",
+        ));
     }
     let v3 = model_type == ModelType::DeepseekV3;
     let num_experts_per_tok = o.req_dim("num_experts_per_tok")?;
@@ -93,7 +96,10 @@ pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<Moe
     let n_shared_experts = if o.has_key("n_shared_experts") {
         o.opt_usize("n_shared_experts")?.unwrap_or(0)
     } else {
-        return Err(o.err("n_shared_experts", "required field is missing (use 0 or null for none)"));
+        return Err(o.err(
+            "n_shared_experts",
+            "required field is missing (use 0 or null for none)",
+        ));
     };
     let moe_intermediate_size = o.req_dim("moe_intermediate_size")?;
     let n_group = o.usize_or("n_group", if v3 { 8 } else { 1 })?;
@@ -105,10 +111,16 @@ pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<Moe
         return Err(o.err("topk_group", "must be > 0"));
     }
     if n_routed_experts % n_group != 0 {
-        return Err(o.err("n_group", format!("{n_group} does not divide n_routed_experts = {n_routed_experts}")));
+        return Err(o.err(
+            "n_group",
+            format!("{n_group} does not divide n_routed_experts = {n_routed_experts}"),
+        ));
     }
     if topk_group > n_group {
-        return Err(o.err("topk_group", format!("{topk_group} exceeds n_group = {n_group}")));
+        return Err(o.err(
+            "topk_group",
+            format!("{topk_group} exceeds n_group = {n_group}"),
+        ));
     }
     let topk_method = match o.opt_str("topk_method")? {
         None => {
@@ -145,12 +157,18 @@ pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<Moe
         ));
     }
     if topk_method == TopkMethod::NoauxTc && group_size < 2 {
-        return Err(o.err("n_group", "noaux_tc scores a group by its top-2 experts; groups need >= 2 experts"));
+        return Err(o.err(
+            "n_group",
+            "noaux_tc scores a group by its top-2 experts; groups need >= 2 experts",
+        ));
     }
     let norm_topk_prob = o.bool_or("norm_topk_prob", v3)?;
     let routed_scaling_factor = o.f64_or("routed_scaling_factor", if v3 { 2.5 } else { 1.0 })?;
     if routed_scaling_factor <= 0.0 {
-        return Err(o.err("routed_scaling_factor", format!("must be > 0, found {routed_scaling_factor}")));
+        return Err(o.err(
+            "routed_scaling_factor",
+            format!("must be > 0, found {routed_scaling_factor}"),
+        ));
     }
     let first_k_dense_replace = o.usize_or("first_k_dense_replace", if v3 { 3 } else { 0 })?;
     let moe_layer_freq = o.usize_or("moe_layer_freq", 1)?;

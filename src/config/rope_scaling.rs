@@ -44,7 +44,8 @@ impl YarnScaling {
     /// `m(factor, 1)`. Equals 1.0 for the official V2/V3 configs (mscale == mscale_all_dim).
     pub fn cos_sin_mscale(&self) -> f64 {
         if self.mscale != 0.0 && self.mscale_all_dim != 0.0 {
-            yarn_get_mscale(self.factor, self.mscale) / yarn_get_mscale(self.factor, self.mscale_all_dim)
+            yarn_get_mscale(self.factor, self.mscale)
+                / yarn_get_mscale(self.factor, self.mscale_all_dim)
         } else {
             yarn_get_mscale(self.factor, 1.0)
         }
@@ -53,7 +54,10 @@ impl YarnScaling {
 
 /// Resolve `(rope_theta, rope_scaling)` from the root object of `config.json`.
 /// `max_position_embeddings` is the fallback for a missing `original_max_position_embeddings`.
-pub(crate) fn parse_rope(root: &Obj<'_>, max_position_embeddings: usize) -> Result<(f64, Option<YarnScaling>)> {
+pub(crate) fn parse_rope(
+    root: &Obj<'_>,
+    max_position_embeddings: usize,
+) -> Result<(f64, Option<YarnScaling>)> {
     // rope_interleave: checkpoints store q_pe / k_pe rows in interleaved pair order; `false`
     // would mean a non-interleaved (rotate_half) layout that this engine does not implement.
     if root.opt_bool("rope_interleave")? == Some(false) {
@@ -69,7 +73,10 @@ pub(crate) fn parse_rope(root: &Obj<'_>, max_position_embeddings: usize) -> Resu
     };
     let top_theta = root.opt_f64("rope_theta")?;
     let Some(p) = params else {
-        return Ok((check_theta(root, "rope_theta", top_theta.unwrap_or(10000.0))?, None));
+        return Ok((
+            check_theta(root, "rope_theta", top_theta.unwrap_or(10000.0))?,
+            None,
+        ));
     };
     for (k, v) in p.values() {
         if v.is_object() {
@@ -84,7 +91,10 @@ pub(crate) fn parse_rope(root: &Obj<'_>, max_position_embeddings: usize) -> Resu
     let rty = p.opt_str("rope_type")?;
     let (kind, kind_key) = match (ty, rty) {
         (Some(a), Some(b)) if a != b => {
-            return Err(p.err("rope_type", format!("`type` is {a:?} but `rope_type` is {b:?}")))
+            return Err(p.err(
+                "rope_type",
+                format!("`type` is {a:?} but `rope_type` is {b:?}"),
+            ))
         }
         (Some(a), _) => (a, "type"),
         (None, Some(b)) => (b, "rope_type"),
@@ -93,7 +103,10 @@ pub(crate) fn parse_rope(root: &Obj<'_>, max_position_embeddings: usize) -> Resu
     match kind {
         "default" => Ok((theta, None)),
         "yarn" => Ok((theta, Some(parse_yarn(&p, max_position_embeddings)?))),
-        other => Err(p.err(kind_key, format!("RoPE scaling type {other:?} is not supported (only yarn)"))),
+        other => Err(p.err(
+            kind_key,
+            format!("RoPE scaling type {other:?} is not supported (only yarn)"),
+        )),
     }
 }
 
@@ -107,18 +120,29 @@ fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
 fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling> {
     if let Some(f) = p.opt_f64("partial_rotary_factor")? {
         if f != 1.0 {
-            return Err(p.err("partial_rotary_factor", format!("only 1.0 is supported, found {f}")));
+            return Err(p.err(
+                "partial_rotary_factor",
+                format!("only 1.0 is supported, found {f}"),
+            ));
         }
     }
-    let factor = p.opt_f64("factor")?.ok_or_else(|| p.err("factor", "required field is missing"))?;
+    let factor = p
+        .opt_f64("factor")?
+        .ok_or_else(|| p.err("factor", "required field is missing"))?;
     if factor < 1.0 {
         return Err(p.err("factor", format!("must be >= 1, found {factor}")));
     }
     if p.has("attention_factor") {
-        return Err(p.err("attention_factor", "an explicit cos/sin attention factor is not supported"));
+        return Err(p.err(
+            "attention_factor",
+            "an explicit cos/sin attention factor is not supported",
+        ));
     }
     if p.opt_bool("truncate")? == Some(false) {
-        return Err(p.err("truncate", "false (untruncated correction range) is not supported"));
+        return Err(p.err(
+            "truncate",
+            "false (untruncated correction range) is not supported",
+        ));
     }
     let original = match p.opt_usize("original_max_position_embeddings")? {
         Some(0) => return Err(p.err("original_max_position_embeddings", "must be > 0")),
@@ -146,7 +170,14 @@ fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling
     if beta_fast < 0.0 || beta_slow < 0.0 {
         return Err(p.err("beta_fast", "beta_fast and beta_slow must be > 0"));
     }
-    Ok(YarnScaling { factor, mscale, mscale_all_dim, original_max_position_embeddings: original, beta_fast, beta_slow })
+    Ok(YarnScaling {
+        factor,
+        mscale,
+        mscale_all_dim,
+        original_max_position_embeddings: original,
+        beta_fast,
+        beta_slow,
+    })
 }
 
 /// transformers reads these with `get(..) or default`, so 0 also means the default.

@@ -99,7 +99,12 @@ impl Core {
         self.running.sort_by_key(|r| r.admitted_seq);
         let mut budget = self.cfg.max_batch_tokens.max(1);
         let mut plan: Vec<Planned> = Vec::new();
-        let n_decode = self.running.iter().filter(|r| r.pending() == 1).count().max(1);
+        let n_decode = self
+            .running
+            .iter()
+            .filter(|r| r.pending() == 1)
+            .count()
+            .max(1);
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 {
@@ -109,7 +114,13 @@ impl Core {
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
                 let spec_on = self.proposer.is_some() && self.running[i].speculate;
                 let (k, c, s) = if spec_on {
-                    choose_drafts(self.cfg.spec, &self.target_cost, &self.draft_cost, &self.running[i], n_decode)
+                    choose_drafts(
+                        self.cfg.spec,
+                        &self.target_cost,
+                        &self.draft_cost,
+                        &self.running[i],
+                        n_decode,
+                    )
                 } else {
                     (0, Vec::new(), 0)
                 };
@@ -131,17 +142,29 @@ impl Core {
                 self.preempt(i);
                 continue;
             };
-            let (k_model, certain) = if full { (k_model, certain) } else { (0, Vec::new()) };
+            let (k_model, certain) = if full {
+                (k_model, certain)
+            } else {
+                (0, Vec::new())
+            };
             if full {
                 self.running[i].counters.draft_tokens_saved += saved as u64;
             }
             budget = budget.saturating_sub(chunk + k_model + certain.len());
-            plan.push(Planned { idx: i, chunk, k_model, certain, decode });
+            plan.push(Planned {
+                idx: i,
+                chunk,
+                k_model,
+                certain,
+                decode,
+            });
             i += 1;
         }
         // Admit waiting requests while there is budget and room.
         while budget > 0 && self.running.len() < self.cfg.max_running {
-            let Some(mut r) = self.waiting.pop_front() else { break };
+            let Some(mut r) = self.waiting.pop_front() else {
+                break;
+            };
             if r.kv.len() == 0 && self.cfg.prefix_cache && r.tokens.len() > 1 {
                 let prompt = &r.tokens[..r.prompt_len];
                 let max = prompt.len().min(r.tokens.len() - 1);
@@ -170,7 +193,13 @@ impl Core {
             self.running.push(r);
             let idx = self.running.len() - 1;
             let decode = self.running[idx].pending() == 1;
-            plan.push(Planned { idx, chunk: if decode { 1 } else { chunk }, k_model: 0, certain: Vec::new(), decode });
+            plan.push(Planned {
+                idx,
+                chunk: if decode { 1 } else { chunk },
+                k_model: 0,
+                certain: Vec::new(),
+                decode,
+            });
         }
         plan
     }
@@ -184,14 +213,22 @@ impl Core {
         }
         // ---- propose
         let mut proposals: Vec<Proposal> = plan.iter().map(|_| Proposal::default()).collect();
-        let asks: Vec<usize> = (0..plan.len()).filter(|&j| plan[j].decode && plan[j].k_model > 0).collect();
+        let asks: Vec<usize> = (0..plan.len())
+            .filter(|&j| plan[j].decode && plan[j].k_model > 0)
+            .collect();
         if !asks.is_empty() {
             let t0 = Instant::now();
             let reqs: Vec<ProposeRequest> = asks
                 .iter()
                 .map(|&j| {
                     let r = &self.running[plan[j].idx];
-                    ProposeRequest { id: r.id, context: &r.tokens, prompt_len: r.prompt_len, k: plan[j].k_model, params: &r.params }
+                    ProposeRequest {
+                        id: r.id,
+                        context: &r.tokens,
+                        prompt_len: r.prompt_len,
+                        k: plan[j].k_model,
+                        params: &r.params,
+                    }
                 })
                 .collect();
             let proposer = self.proposer.as_mut().expect("proposer");
@@ -199,7 +236,12 @@ impl Core {
             let secs = t0.elapsed().as_secs_f64();
             if proposer.has_model() {
                 self.time_draft_s += secs;
-                let kmax = asks.iter().map(|&j| plan[j].k_model).max().unwrap_or(1).max(1);
+                let kmax = asks
+                    .iter()
+                    .map(|&j| plan[j].k_model)
+                    .max()
+                    .unwrap_or(1)
+                    .max(1);
                 let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
                 if toks > 0 {
                     // a round that only caught up (bounded catch-up) says nothing of drafting cost
@@ -248,7 +290,13 @@ impl Core {
                         start: r.kv.len(),
                         tokens: inp,
                         mha_until: r.prompt_len,
-                        logits: if p.decode { LogitsMode::All } else if last { LogitsMode::Last } else { LogitsMode::None },
+                        logits: if p.decode {
+                            LogitsMode::All
+                        } else if last {
+                            LogitsMode::Last
+                        } else {
+                            LogitsMode::None
+                        },
                     }
                 })
                 .collect();
@@ -256,7 +304,8 @@ impl Core {
         };
         let secs = t0.elapsed().as_secs_f64();
         self.time_target_s += secs;
-        self.target_cost.observe(inputs.iter().map(Vec::len).sum(), secs);
+        self.target_cost
+            .observe(inputs.iter().map(Vec::len).sum(), secs);
         // ---- verify and commit
         let vocab = self.model.config.vocab_size;
         let mut row0 = 0;
@@ -276,7 +325,14 @@ impl Core {
                         Some(f) => (f, Verdict::Bonus),
                         None => crate::spec::verify_position(row, None, &r.params, &mut r.rng),
                     };
-                    commit(r, tok, forced.is_some(), row, &self.eos, self.tokenizer.as_deref());
+                    commit(
+                        r,
+                        tok,
+                        forced.is_some(),
+                        row,
+                        &self.eos,
+                        self.tokenizer.as_deref(),
+                    );
                 }
                 continue;
             }
@@ -299,7 +355,11 @@ impl Core {
                         },
                     ),
                     None => {
-                        let q = if i < n_model { prop.q.as_ref().and_then(|q| q.get(i)).map(|v| v.as_slice()) } else { None };
+                        let q = if i < n_model {
+                            prop.q.as_ref().and_then(|q| q.get(i)).map(|v| v.as_slice())
+                        } else {
+                            None
+                        };
                         crate::spec::verify_position(row, d.map(|d| (d, q)), &r.params, &mut r.rng)
                     }
                 };
@@ -313,7 +373,14 @@ impl Core {
                     Verdict::Bonus if n > 0 => r.counters.bonus_tokens += 1,
                     _ => {}
                 }
-                let finished = commit(r, tok, forced.is_some(), row, &self.eos, self.tokenizer.as_deref());
+                let finished = commit(
+                    r,
+                    tok,
+                    forced.is_some(),
+                    row,
+                    &self.eos,
+                    self.tokenizer.as_deref(),
+                );
                 if verdict == Verdict::Accepted {
                     accepted += 1;
                 }
@@ -383,7 +450,11 @@ impl Core {
         r.finished = Some(FinishReason::Cancelled);
         let ev = std::mem::take(&mut r.event);
         self.retire(&mut r);
-        Ok(Event { id, finish: Some(FinishReason::Cancelled), ..ev })
+        Ok(Event {
+            id,
+            finish: Some(FinishReason::Cancelled),
+            ..ev
+        })
     }
 }
 
@@ -408,8 +479,11 @@ fn choose_drafts(
     }
     match r.budget.remaining() {
         Some(rem) if rem < k => {
-            let mut certain =
-                if rem == 0 { r.budget.forced_sequence_after_spent() } else { r.budget.config().end.clone() };
+            let mut certain = if rem == 0 {
+                r.budget.forced_sequence_after_spent()
+            } else {
+                r.budget.config().end.clone()
+            };
             certain.truncate(k - rem);
             (rem, certain, k - rem)
         }
@@ -428,7 +502,14 @@ fn publish_prefix(kv: &mut KvCache, r: &mut ReqState, enabled: bool) {
 
 /// Commit one token to a request: budget accounting, log-prob, detokenisation, stop checks.
 /// Returns true when the request finished.
-fn commit(r: &mut ReqState, tok: u32, forced: bool, logits: &[f32], eos: &[u32], tok_: Option<&Tokenizer>) -> bool {
+fn commit(
+    r: &mut ReqState,
+    tok: u32,
+    forced: bool,
+    logits: &[f32],
+    eos: &[u32],
+    tok_: Option<&Tokenizer>,
+) -> bool {
     r.tokens.push(tok);
     r.budget.commit(tok, forced);
     r.counters.reasoning_tokens = r.budget.reasoning as u64;
@@ -449,7 +530,9 @@ fn commit(r: &mut ReqState, tok: u32, forced: bool, logits: &[f32], eos: &[u32],
             }
         }
     }
-    if finish.is_none() && ((!r.params.ignore_eos && eos.contains(&tok)) || r.params.stop_token_ids.contains(&tok)) {
+    if finish.is_none()
+        && ((!r.params.ignore_eos && eos.contains(&tok)) || r.params.stop_token_ids.contains(&tok))
+    {
         finish = Some(FinishReason::Stop);
     }
     if finish.is_none() && r.generated() >= r.params.max_tokens {

@@ -7,8 +7,8 @@
 //! steps. `step` itself is serialised (one at a time).
 
 mod core;
-pub mod score;
 pub mod request;
+pub mod score;
 mod swap;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -28,8 +28,8 @@ use crate::spec::{BudgetConfig, BudgetState, Counters, Proposer, SpecMode};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use self::core::Core;
-pub use request::{Event, FinishReason, Prompt, Request};
 use request::ReqState;
+pub use request::{Event, FinishReason, Prompt, Request};
 pub use swap::{DraftSource, SwapStatus};
 
 /// Engine settings.
@@ -171,7 +171,10 @@ impl Engine {
         let mut eng = Engine::from_parts(model, tokenizer, None, cfg, pool)?;
         if !matches!(draft, DraftSource::None) {
             if let DraftSource::Dir(d) = &draft {
-                eng.swaps.set_current_config(Some(crate::config::ModelConfig::from_file(&d.join("config.json"))?));
+                eng.swaps
+                    .set_current_config(Some(crate::config::ModelConfig::from_file(
+                        &d.join("config.json"),
+                    )?));
             }
             let p = eng.build_proposer(draft)?;
             eng.core.get_mut().expect("core lock").proposer = Some(p);
@@ -180,7 +183,11 @@ impl Engine {
     }
 
     /// Build from an already loaded model (tests, embedding).
-    pub fn from_model(model: Arc<Model>, tokenizer: Option<Arc<Tokenizer>>, cfg: EngineConfig) -> Result<Engine> {
+    pub fn from_model(
+        model: Arc<Model>,
+        tokenizer: Option<Arc<Tokenizer>>,
+        cfg: EngineConfig,
+    ) -> Result<Engine> {
         let pool = build_pool(cfg.threads, cfg.isa)?;
         Engine::from_parts(model, tokenizer, None, cfg, pool)
     }
@@ -193,11 +200,24 @@ impl Engine {
         pool: rayon::ThreadPool,
     ) -> Result<Engine> {
         if cfg.block_size == 0 || cfg.num_blocks == 0 {
-            return Err(Error::InvalidArgument("block_size and num_blocks must be > 0".into()));
+            return Err(Error::InvalidArgument(
+                "block_size and num_blocks must be > 0".into(),
+            ));
         }
         let c = &model.config;
-        let kv = KvCache::new(KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype))?;
-        let special = |name: &str| tokenizer.as_ref().and_then(|t| t.token_to_id(name)).map(|i| vec![i]).unwrap_or_default();
+        let kv = KvCache::new(KvConfig::for_model(
+            c,
+            cfg.block_size,
+            cfg.num_blocks,
+            cfg.kv_dtype,
+        ))?;
+        let special = |name: &str| {
+            tokenizer
+                .as_ref()
+                .and_then(|t| t.token_to_id(name))
+                .map(|i| vec![i])
+                .unwrap_or_default()
+        };
         let mut eos = c.eos_token_ids.clone();
         if let Some(e) = tokenizer.as_ref().and_then(|t| t.token_to_id("<eos>")) {
             if !eos.contains(&e) {
@@ -267,7 +287,9 @@ impl Engine {
             Prompt::Tokens(t) => t.clone(),
             Prompt::Text(s) => {
                 let t = sh.tokenizer.as_ref().ok_or_else(|| {
-                    Error::NoTokenizer("the model directory has no tokenizer.json; submit token ids".into())
+                    Error::NoTokenizer(
+                        "the model directory has no tokenizer.json; submit token ids".into(),
+                    )
                 })?;
                 t.encode(s, false)?
             }
@@ -276,17 +298,29 @@ impl Engine {
             return Err(Error::InvalidRequest("empty prompt".into()));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= sh.vocab_size) {
-            return Err(Error::UnknownToken { id: bad, vocab_size: sh.vocab_size });
+            return Err(Error::UnknownToken {
+                id: bad,
+                vocab_size: sh.vocab_size,
+            });
         }
         req.sampling.validate()?;
         if req.sampling.max_tokens == 0 {
             return Err(Error::InvalidRequest("max_tokens must be >= 1".into()));
         }
-        let start = req.think_start.clone().unwrap_or_else(|| sh.think_start.clone());
-        let end = req.think_end.clone().unwrap_or_else(|| sh.think_end.clone());
+        let start = req
+            .think_start
+            .clone()
+            .unwrap_or_else(|| sh.think_start.clone());
+        let end = req
+            .think_end
+            .clone()
+            .unwrap_or_else(|| sh.think_end.clone());
         for m in [&start, &end] {
             if let Some(&bad) = m.iter().find(|&&t| t as usize >= sh.vocab_size) {
-                return Err(Error::UnknownToken { id: bad, vocab_size: sh.vocab_size });
+                return Err(Error::UnknownToken {
+                    id: bad,
+                    vocab_size: sh.vocab_size,
+                });
             }
         }
         if req.reasoning_budget.is_some() && end.is_empty() {
@@ -303,11 +337,21 @@ impl Engine {
             )));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let budget = BudgetState::new(BudgetConfig { budget: req.reasoning_budget, start, end }, &tokens);
+        let budget = BudgetState::new(
+            BudgetConfig {
+                budget: req.reasoning_budget,
+                start,
+                end,
+            },
+            &tokens,
+        );
         let state = ReqState {
             id,
             prompt_len: tokens.len(),
-            counters: Counters { prompt_tokens: tokens.len() as u64, ..Default::default() },
+            counters: Counters {
+                prompt_tokens: tokens.len() as u64,
+                ..Default::default()
+            },
             tokens,
             kv: Default::default(),
             budget,
@@ -324,7 +368,9 @@ impl Engine {
             admitted_seq: u64::MAX,
         };
         self.live.lock().expect("live lock").insert(id);
-        self.tx.send(Command::Submit(Box::new(state))).map_err(|_| Error::Engine("engine is shut down".into()))?;
+        self.tx
+            .send(Command::Submit(Box::new(state)))
+            .map_err(|_| Error::Engine("engine is shut down".into()))?;
         Ok(id)
     }
 
@@ -333,7 +379,9 @@ impl Engine {
         if !self.live.lock().expect("live lock").contains(&id) {
             return Err(Error::UnknownRequest(id));
         }
-        self.tx.send(Command::Cancel(id)).map_err(|_| Error::Engine("engine is shut down".into()))
+        self.tx
+            .send(Command::Cancel(id))
+            .map_err(|_| Error::Engine("engine is shut down".into()))
     }
 
     /// Whether any request is queued or running.
@@ -343,7 +391,10 @@ impl Engine {
 
     /// Run one step and return its events.
     pub fn step(&self) -> Result<Vec<Event>> {
-        let mut core = self.core.lock().map_err(|_| Error::Engine("a previous step panicked".into()))?;
+        let mut core = self
+            .core
+            .lock()
+            .map_err(|_| Error::Engine("a previous step panicked".into()))?;
         let mut events = Vec::new();
         self.swaps.apply_ready(&mut core);
         for cmd in self.rx.try_iter() {
@@ -392,7 +443,11 @@ impl Engine {
     /// Counters of a request (running, waiting or finished).
     pub fn request_counters(&self, id: u64) -> Result<Counters> {
         let book = self.counters.lock().expect("counters lock");
-        book.live.get(&id).or_else(|| book.finished.get(&id)).cloned().ok_or(Error::UnknownRequest(id))
+        book.live
+            .get(&id)
+            .or_else(|| book.finished.get(&id))
+            .cloned()
+            .ok_or(Error::UnknownRequest(id))
     }
 
     /// Engine-wide statistics (waits for a running step).
@@ -431,7 +486,17 @@ impl Engine {
         let mut outs: HashMap<u64, Output> = ids
             .iter()
             .map(|&id| {
-                (id, Output { id, text: String::new(), token_ids: Vec::new(), logprobs: Vec::new(), finish_reason: String::new(), counters: Counters::default() })
+                (
+                    id,
+                    Output {
+                        id,
+                        text: String::new(),
+                        token_ids: Vec::new(),
+                        logprobs: Vec::new(),
+                        finish_reason: String::new(),
+                        counters: Counters::default(),
+                    },
+                )
             })
             .collect();
         let mut open: HashSet<u64> = ids.iter().copied().collect();
@@ -454,7 +519,10 @@ impl Engine {
         for o in outs.values_mut() {
             o.counters = self.request_counters(o.id)?;
         }
-        Ok(ids.into_iter().map(|id| outs.remove(&id).expect("output")).collect())
+        Ok(ids
+            .into_iter()
+            .map(|id| outs.remove(&id).expect("output"))
+            .collect())
     }
 
     /// Build a proposer for `src` (used at creation and by swaps).
@@ -494,16 +562,33 @@ impl Engine {
         for r in &core.running {
             let settled = r.counters.preemptions == 0 && r.kv.len() >= r.prompt_len;
             if r.kv.len() >= r.tokens.len() || (settled && r.kv.len() + 1 != r.tokens.len()) {
-                return Err(format!("request {}: target KV len {} != committed {} - 1", r.id, r.kv.len(), r.tokens.len()));
+                return Err(format!(
+                    "request {}: target KV len {} != committed {} - 1",
+                    r.id,
+                    r.kv.len(),
+                    r.tokens.len()
+                ));
             }
             if let Some(p) = core.proposer.as_ref() {
                 p.check(r.id, &r.tokens)?;
             }
-            if r.budget.config().budget.is_some_and(|b| r.budget.reasoning > b) {
-                return Err(format!("request {}: reasoning {} over budget", r.id, r.budget.reasoning));
+            if r.budget
+                .config()
+                .budget
+                .is_some_and(|b| r.budget.reasoning > b)
+            {
+                return Err(format!(
+                    "request {}: reasoning {} over budget",
+                    r.id, r.budget.reasoning
+                ));
             }
         }
-        let live: Vec<&crate::kv::SeqKv> = core.running.iter().map(|r| &r.kv).chain(core.waiting.iter().map(|r| &r.kv)).collect();
+        let live: Vec<&crate::kv::SeqKv> = core
+            .running
+            .iter()
+            .map(|r| &r.kv)
+            .chain(core.waiting.iter().map(|r| &r.kv))
+            .collect();
         core.kv.check_invariants(&live)
     }
 
@@ -519,7 +604,11 @@ pub fn resolve_isa(level: Option<IsaLevel>) -> Result<Isa> {
     match level {
         None => Ok(Isa::detect()),
         Some(l) => Isa::new(l).ok_or_else(|| {
-            Error::InvalidArgument(format!("isa `{}` is not supported by this CPU (best: {})", l.name(), Isa::detect()))
+            Error::InvalidArgument(format!(
+                "isa `{}` is not supported by this CPU (best: {})",
+                l.name(),
+                Isa::detect()
+            ))
         }),
     }
 }
@@ -530,7 +619,8 @@ fn build_pool(threads: usize, isa: Option<IsaLevel>) -> Result<rayon::ThreadPool
     if threads > 0 {
         b = b.num_threads(threads);
     }
-    b.build().map_err(|e| Error::Engine(format!("thread pool: {e}")))
+    b.build()
+        .map_err(|e| Error::Engine(format!("thread pool: {e}")))
 }
 
 /// `Engine` is shared across threads (submit/cancel while another thread steps).

@@ -13,13 +13,24 @@ pub fn score_tokens(model: &Model, tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
     }
     let c = &model.config;
     let block_size = 16;
-    let mut kv = KvCache::new(KvConfig::for_model(c, block_size, tokens.len().div_ceil(block_size), KvDtype::F32))?;
+    let mut kv = KvCache::new(KvConfig::for_model(
+        c,
+        block_size,
+        tokens.len().div_ceil(block_size),
+        KvDtype::F32,
+    ))?;
     let mut seq = SeqKv::new();
     let plan = kv.plan_grow(&seq, tokens.len())?;
     kv.commit_grow(&mut seq, plan);
     let logits = model.forward(
         &mut kv,
-        &[SeqChunk { kv: &seq, start: 0, tokens, mha_until: tokens.len(), logits: LogitsMode::All }],
+        &[SeqChunk {
+            kv: &seq,
+            start: 0,
+            tokens,
+            mha_until: tokens.len(),
+            logits: LogitsMode::All,
+        }],
     )?;
     Ok(logits.chunks(c.vocab_size).map(log_softmax).collect())
 }

@@ -82,7 +82,10 @@ pub(crate) fn build_proposer(src: DraftSource, ctx: &SwapCtx) -> Result<Box<dyn 
     })
 }
 
-pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+pub(crate) fn build(
+    src: DraftSource,
+    ctx: &SwapCtx,
+) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
     let (config, store, label) = match src {
         DraftSource::None => return Ok((None, None)),
         DraftSource::Ngram { min_n, max_n } => {
@@ -93,7 +96,8 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn P
         }
         DraftSource::Dir(dir) => {
             let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-            if let (Some(tt), Some(dt)) = (&ctx.target_tokenizer, Tokenizer::from_model_dir(&dir)?) {
+            if let (Some(tt), Some(dt)) = (&ctx.target_tokenizer, Tokenizer::from_model_dir(&dir)?)
+            {
                 if tt.vocab_fingerprint() != dt.vocab_fingerprint() {
                     return Err(Error::Draft(format!(
                         "tokenizer mismatch: {} has a different vocabulary than the target",
@@ -102,20 +106,38 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn P
                 }
             }
             let store = WeightStore::open(WeightSource::Dir(dir.clone()))?;
-            (cfg, store, format!("draft:{}", dir.file_name().map_or("?".into(), |n| n.to_string_lossy().into_owned())))
+            (
+                cfg,
+                store,
+                format!(
+                    "draft:{}",
+                    dir.file_name()
+                        .map_or("?".into(), |n| n.to_string_lossy().into_owned())
+                ),
+            )
         }
         DraftSource::File(path) => {
             let cfg = ctx.current_draft_config.clone().ok_or_else(|| {
-                Error::Draft("a weights file needs a current draft architecture; pass a model directory".into())
+                Error::Draft(
+                    "a weights file needs a current draft architecture; pass a model directory"
+                        .into(),
+                )
             })?;
             let label = format!("draft-weights:{}", path.display());
             (cfg, WeightStore::open(WeightSource::File(path))?, label)
         }
         DraftSource::Bytes(bytes) => {
             let cfg = ctx.current_draft_config.clone().ok_or_else(|| {
-                Error::Draft("weights bytes need a current draft architecture; pass a model directory".into())
+                Error::Draft(
+                    "weights bytes need a current draft architecture; pass a model directory"
+                        .into(),
+                )
             })?;
-            (cfg, WeightStore::open(WeightSource::Bytes(bytes))?, "draft-weights:bytes".into())
+            (
+                cfg,
+                WeightStore::open(WeightSource::Bytes(bytes))?,
+                "draft-weights:bytes".into(),
+            )
         }
     };
     if config.vocab_size != ctx.target_vocab {
@@ -125,7 +147,14 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<(Option<Box<dyn P
         )));
     }
     let model = Arc::new(Model::load(config.clone(), &store)?);
-    let p = DraftModelProposer::new(model, ctx.kv_dtype, ctx.num_blocks, ctx.block_size, ctx.target_vocab, label)?;
+    let p = DraftModelProposer::new(
+        model,
+        ctx.kv_dtype,
+        ctx.num_blocks,
+        ctx.block_size,
+        ctx.target_vocab,
+        label,
+    )?;
     Ok((Some(Box::new(p)), Some(config)))
 }
 
@@ -142,18 +171,31 @@ impl Swaps {
     /// Start a background load; returns the ticket.
     pub fn start(&self, src: DraftSource, ctx: SwapCtx) -> u64 {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.status.lock().expect("swap lock").insert(ticket, SwapStatus::Pending);
+        self.status
+            .lock()
+            .expect("swap lock")
+            .insert(ticket, SwapStatus::Pending);
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
         std::thread::spawn(move || {
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, &ctx)));
             match res {
-                Ok(Ok((proposer, config))) => ready.lock().expect("swap lock").push(Ready { ticket, proposer, config }),
+                Ok(Ok((proposer, config))) => ready.lock().expect("swap lock").push(Ready {
+                    ticket,
+                    proposer,
+                    config,
+                }),
                 Ok(Err(e)) => {
-                    status.lock().expect("swap lock").insert(ticket, SwapStatus::Failed(e.to_string()));
+                    status
+                        .lock()
+                        .expect("swap lock")
+                        .insert(ticket, SwapStatus::Failed(e.to_string()));
                 }
                 Err(_) => {
-                    status.lock().expect("swap lock").insert(ticket, SwapStatus::Failed("loader panicked".into()));
+                    status
+                        .lock()
+                        .expect("swap lock")
+                        .insert(ticket, SwapStatus::Failed("loader panicked".into()));
                 }
             }
         });
@@ -161,15 +203,31 @@ impl Swaps {
     }
 
     /// Queue an already built drafter (validated on the caller's thread).
-    pub fn enqueue_ready(&self, proposer: Option<Box<dyn Proposer>>, config: Option<ModelConfig>) -> u64 {
+    pub fn enqueue_ready(
+        &self,
+        proposer: Option<Box<dyn Proposer>>,
+        config: Option<ModelConfig>,
+    ) -> u64 {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.status.lock().expect("swap lock").insert(ticket, SwapStatus::Pending);
-        self.ready.lock().expect("swap lock").push(Ready { ticket, proposer, config });
+        self.status
+            .lock()
+            .expect("swap lock")
+            .insert(ticket, SwapStatus::Pending);
+        self.ready.lock().expect("swap lock").push(Ready {
+            ticket,
+            proposer,
+            config,
+        });
         ticket
     }
 
     pub fn status(&self, ticket: u64) -> SwapStatus {
-        self.status.lock().expect("swap lock").get(&ticket).cloned().unwrap_or(SwapStatus::Unknown)
+        self.status
+            .lock()
+            .expect("swap lock")
+            .get(&ticket)
+            .cloned()
+            .unwrap_or(SwapStatus::Unknown)
     }
 
     /// Install every drafter that finished loading (called by the step loop between steps).
@@ -182,10 +240,12 @@ impl Swaps {
             if r.config.is_some() || core.proposer.is_none() {
                 *self.current.lock().expect("swap lock") = r.config;
             }
-            self.status
-                .lock()
-                .expect("swap lock")
-                .insert(r.ticket, SwapStatus::Applied { generation: core.draft_generation });
+            self.status.lock().expect("swap lock").insert(
+                r.ticket,
+                SwapStatus::Applied {
+                    generation: core.draft_generation,
+                },
+            );
         }
     }
 }

@@ -55,7 +55,10 @@ pub unsafe extern "C" fn specmla_engine_create(
         let cfg = engine_config(&p)?;
         let draft = if draft_dir.is_null() {
             if p.ngram_max_n > 0 {
-                RsDraft::Ngram { min_n: p.ngram_min_n.max(1) as usize, max_n: p.ngram_max_n as usize }
+                RsDraft::Ngram {
+                    min_n: p.ngram_min_n.max(1) as usize,
+                    max_n: p.ngram_max_n as usize,
+                }
             } else {
                 RsDraft::None
             }
@@ -65,7 +68,13 @@ pub unsafe extern "C" fn specmla_engine_create(
         let desc = format!("{draft:?}");
         let engine = Engine::new(&target, draft, cfg)?;
         let h = handle::register(engine)?;
-        log(SPECMLA_LOG_INFO, &format!("engine {h:p} created: target {} drafter {desc}", target.display()));
+        log(
+            SPECMLA_LOG_INFO,
+            &format!(
+                "engine {h:p} created: target {} drafter {desc}",
+                target.display()
+            ),
+        );
         // SAFETY: checked above.
         unsafe { *out = h };
         Ok(())
@@ -96,7 +105,8 @@ fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> 
         )));
     }
     // SAFETY (all slices below): the caller guarantees pointer/count pairs are valid.
-    let stop_ids = unsafe { slice(p.stop_token_ids, p.n_stop_token_ids, "stop_token_ids") }?.to_vec();
+    let stop_ids =
+        unsafe { slice(p.stop_token_ids, p.n_stop_token_ids, "stop_token_ids") }?.to_vec();
     let raw_stops = unsafe { slice(p.stop_strings, p.n_stop_strings, "stop_strings") }?;
     let mut stop_strings = Vec::with_capacity(raw_stops.len());
     for (i, &s) in raw_stops.iter().enumerate() {
@@ -148,9 +158,15 @@ pub unsafe extern "C" fn specmla_engine_submit(
         let h = handle::get(engine)?;
         let out = out_ptr(out_id, "out_id")?;
         let prompt = match (n_prompt_ids, prompt_text.is_null()) {
-            (0, true) => return Err(FfiError::invalid("no prompt: pass prompt_ids or prompt_text")),
+            (0, true) => {
+                return Err(FfiError::invalid(
+                    "no prompt: pass prompt_ids or prompt_text",
+                ))
+            }
             (_, false) if n_prompt_ids > 0 => {
-                return Err(FfiError::invalid("pass prompt_ids or prompt_text, not both"))
+                return Err(FfiError::invalid(
+                    "pass prompt_ids or prompt_text, not both",
+                ))
             }
             (0, false) => Prompt::Text(unsafe { cstr(prompt_text, "prompt_text") }?.to_string()),
             (n, _) => Prompt::Tokens(unsafe { slice(prompt_ids, n, "prompt_ids") }?.to_vec()),
@@ -171,14 +187,20 @@ pub unsafe extern "C" fn specmla_engine_submit(
 /// # Safety
 /// `out_result` must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn specmla_engine_step(engine: *mut EngineHandle, out_result: *mut *mut StepResult) -> Status {
+pub unsafe extern "C" fn specmla_engine_step(
+    engine: *mut EngineHandle,
+    out_result: *mut *mut StepResult,
+) -> Status {
     call(|| {
         let out = out_ptr(out_result, "out_result")?;
         unsafe { *out = std::ptr::null_mut() };
         let h = handle::get(engine)?;
         let events = h.engine.step()?;
         let mut st = Box::new(StepStorage {
-            public: StepResult { events: std::ptr::null(), n_events: 0 },
+            public: StepResult {
+                events: std::ptr::null(),
+                n_events: 0,
+            },
             events: Vec::with_capacity(events.len()),
             tokens: Vec::with_capacity(events.len()),
             logprobs: Vec::with_capacity(events.len()),
@@ -190,12 +212,21 @@ pub unsafe extern "C" fn specmla_engine_step(engine: *mut EngineHandle, out_resu
             let mut error = std::ptr::null();
             if let Some(crate::engine::FinishReason::Error(m)) = &ev.finish {
                 log(SPECMLA_LOG_WARN, &format!("request {} failed: {m}", ev.id));
-                st.errors.push(CString::new(m.replace('\0', " ")).unwrap_or_default());
+                st.errors
+                    .push(CString::new(m.replace('\0', " ")).unwrap_or_default());
                 error = st.errors.last().map_or(std::ptr::null(), |c| c.as_ptr());
             }
             let n_tokens = ev.tokens.len();
-            let tokens = if n_tokens == 0 { std::ptr::null() } else { ev.tokens.as_ptr() };
-            let logprobs = if ev.logprobs.is_empty() { std::ptr::null() } else { ev.logprobs.as_ptr() };
+            let tokens = if n_tokens == 0 {
+                std::ptr::null()
+            } else {
+                ev.tokens.as_ptr()
+            };
+            let logprobs = if ev.logprobs.is_empty() {
+                std::ptr::null()
+            } else {
+                ev.logprobs.as_ptr()
+            };
             st.events.push(Event {
                 request_id: ev.id,
                 tokens,
@@ -203,7 +234,10 @@ pub unsafe extern "C" fn specmla_engine_step(engine: *mut EngineHandle, out_resu
                 logprobs,
                 text: text.as_ptr(),
                 text_len: text.as_bytes().len(),
-                finish_reason: ev.finish.as_ref().map_or(FinishReason::SPECMLA_FINISH_NONE, Into::into),
+                finish_reason: ev
+                    .finish
+                    .as_ref()
+                    .map_or(FinishReason::SPECMLA_FINISH_NONE, Into::into),
                 error,
             });
             // Moving a Vec / CString keeps its heap buffer, so the pointers above stay valid.
@@ -211,7 +245,10 @@ pub unsafe extern "C" fn specmla_engine_step(engine: *mut EngineHandle, out_resu
             st.logprobs.push(ev.logprobs);
             st.texts.push(text);
         }
-        st.public = StepResult { events: st.events.as_ptr(), n_events: st.events.len() };
+        st.public = StepResult {
+            events: st.events.as_ptr(),
+            n_events: st.events.len(),
+        };
         let r = handle::publish_result(st)?;
         unsafe { *out = r };
         Ok(())
@@ -236,7 +273,10 @@ pub extern "C" fn specmla_step_result_free(result: *mut StepResult) -> Status {
 /// # Safety
 /// `out_has_work` must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn specmla_engine_has_work(engine: *mut EngineHandle, out_has_work: *mut bool) -> Status {
+pub unsafe extern "C" fn specmla_engine_has_work(
+    engine: *mut EngineHandle,
+    out_has_work: *mut bool,
+) -> Status {
     call(|| {
         let out = out_ptr(out_has_work, "out_has_work")?;
         let h = handle::get(engine)?;
@@ -259,7 +299,10 @@ pub extern "C" fn specmla_engine_cancel(engine: *mut EngineHandle, request_id: u
 fn draft_from(s: &DraftSource) -> Result<RsDraft, FfiError> {
     Ok(match s.kind {
         SPECMLA_DRAFT_NONE => RsDraft::None,
-        SPECMLA_DRAFT_NGRAM => RsDraft::Ngram { min_n: s.ngram_min_n as usize, max_n: s.ngram_max_n as usize },
+        SPECMLA_DRAFT_NGRAM => RsDraft::Ngram {
+            min_n: s.ngram_min_n as usize,
+            max_n: s.ngram_max_n as usize,
+        },
         SPECMLA_DRAFT_PATH => {
             let p = PathBuf::from(unsafe { cstr(s.path, "path") }?);
             if p.is_dir() {
@@ -301,10 +344,16 @@ pub unsafe extern "C" fn specmla_engine_set_draft_weights(
         }
         let s = unsafe { read_params(source, draft_source_defaults(), "specmla_draft_source") }?;
         let src = draft_from(&s)?;
-        log(SPECMLA_LOG_INFO, &format!("engine {engine:p}: draft swap requested ({src:?}, wait={wait})"));
+        log(
+            SPECMLA_LOG_INFO,
+            &format!("engine {engine:p}: draft swap requested ({src:?}, wait={wait})"),
+        );
         let ticket = if wait && !matches!(src, RsDraft::None) {
             h.engine.set_draft_weights_blocking(src).inspect_err(|e| {
-                log(SPECMLA_LOG_WARN, &format!("engine {engine:p}: draft swap refused: {e}"));
+                log(
+                    SPECMLA_LOG_WARN,
+                    &format!("engine {engine:p}: draft swap refused: {e}"),
+                );
             })?
         } else {
             h.engine.set_draft_weights(src)
@@ -374,7 +423,10 @@ pub unsafe extern "C" fn specmla_engine_request_counters(
 /// # Safety
 /// `out` must be writable.
 #[no_mangle]
-pub unsafe extern "C" fn specmla_engine_stats(engine: *mut EngineHandle, out: *mut Stats) -> Status {
+pub unsafe extern "C" fn specmla_engine_stats(
+    engine: *mut EngineHandle,
+    out: *mut Stats,
+) -> Status {
     call(|| {
         let o = out_ptr(out, "out")?;
         let h = handle::get(engine)?;

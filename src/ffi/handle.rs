@@ -18,7 +18,8 @@ pub struct EngineHandle {
     pub(crate) engine: Engine,
 }
 
-static ENGINES: LazyLock<Mutex<HashMap<usize, Arc<EngineHandle>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+static ENGINES: LazyLock<Mutex<HashMap<usize, Arc<EngineHandle>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 static RESULTS: LazyLock<Mutex<HashSet<usize>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
 
 fn poisoned() -> FfiError {
@@ -29,21 +30,34 @@ fn poisoned() -> FfiError {
 pub(crate) fn register(engine: Engine) -> FfiResult<*mut EngineHandle> {
     let h = Arc::new(EngineHandle { engine });
     let ptr = Arc::as_ptr(&h) as *mut EngineHandle;
-    ENGINES.lock().map_err(|_| poisoned())?.insert(ptr as usize, h);
+    ENGINES
+        .lock()
+        .map_err(|_| poisoned())?
+        .insert(ptr as usize, h);
     Ok(ptr)
 }
 
 /// Look up a live engine.
 pub(crate) fn get(ptr: *const EngineHandle) -> FfiResult<Arc<EngineHandle>> {
     if ptr.is_null() {
-        return Err(FfiError::new(Status::SPECMLA_ERR_INVALID_HANDLE, "engine handle is NULL"));
-    }
-    ENGINES.lock().map_err(|_| poisoned())?.get(&(ptr as usize)).cloned().ok_or_else(|| {
-        FfiError::new(
+        return Err(FfiError::new(
             Status::SPECMLA_ERR_INVALID_HANDLE,
-            format!("engine handle {ptr:p} is not live (freed, or not from specmla_engine_create)"),
-        )
-    })
+            "engine handle is NULL",
+        ));
+    }
+    ENGINES
+        .lock()
+        .map_err(|_| poisoned())?
+        .get(&(ptr as usize))
+        .cloned()
+        .ok_or_else(|| {
+            FfiError::new(
+                Status::SPECMLA_ERR_INVALID_HANDLE,
+                format!(
+                    "engine handle {ptr:p} is not live (freed, or not from specmla_engine_create)"
+                ),
+            )
+        })
 }
 
 /// Unregister an engine; it is dropped when the last in-flight call on it returns.
@@ -85,10 +99,16 @@ pub(crate) fn publish_result(storage: Box<StepStorage>) -> FfiResult<*mut StepRe
 
 /// Take back a step result from C (fails if it is not live).
 pub(crate) fn reclaim_result(ptr: *mut StepResult) -> FfiResult<Box<StepStorage>> {
-    if !RESULTS.lock().map_err(|_| poisoned())?.remove(&(ptr as usize)) {
+    if !RESULTS
+        .lock()
+        .map_err(|_| poisoned())?
+        .remove(&(ptr as usize))
+    {
         return Err(FfiError::new(
             Status::SPECMLA_ERR_INVALID_HANDLE,
-            format!("step result {ptr:p} is not live (double free, or not from specmla_engine_step)"),
+            format!(
+                "step result {ptr:p} is not live (double free, or not from specmla_engine_step)"
+            ),
         ));
     }
     // SAFETY: the registry only holds addresses produced by `publish_result` (Box::into_raw of a

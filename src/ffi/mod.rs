@@ -17,9 +17,9 @@
 
 mod engine;
 mod handle;
-mod text;
 #[cfg(test)]
 mod tests;
+mod text;
 mod types;
 
 use std::cell::RefCell;
@@ -101,7 +101,10 @@ pub(crate) type FfiResult<T> = std::result::Result<T, FfiError>;
 
 impl FfiError {
     pub fn new(status: Status, msg: impl Into<String>) -> Self {
-        FfiError { status, msg: msg.into() }
+        FfiError {
+            status,
+            msg: msg.into(),
+        }
     }
     pub fn null(arg: &str) -> Self {
         FfiError::new(Status::SPECMLA_ERR_NULL_POINTER, format!("`{arg}` is NULL"))
@@ -130,7 +133,10 @@ impl From<Error> for FfiError {
             Error::Engine(_) => SPECMLA_ERR_ENGINE,
             _ => SPECMLA_ERR_ENGINE,
         };
-        FfiError { status, msg: e.to_string() }
+        FfiError {
+            status,
+            msg: e.to_string(),
+        }
     }
 }
 
@@ -175,7 +181,8 @@ pub(crate) fn call(f: impl FnOnce() -> FfiResult<()>) -> Status {
 }
 
 /// Log sink: `level` is one of `SPECMLA_LOG_*`; `message` is valid only during the call.
-pub type LogCallback = Option<unsafe extern "C" fn(level: u32, message: *const c_char, user_data: *mut c_void)>;
+pub type LogCallback =
+    Option<unsafe extern "C" fn(level: u32, message: *const c_char, user_data: *mut c_void)>;
 
 struct LogSink {
     cb: unsafe extern "C" fn(u32, *const c_char, *mut c_void),
@@ -245,7 +252,9 @@ fn status_name(s: i32) -> &'static CStr {
         SPECMLA_ERR_ENGINE,
         SPECMLA_ERR_PANIC,
     ];
-    let Some(&st) = ALL.iter().find(|&&x| x as i32 == s) else { return c"unknown" };
+    let Some(&st) = ALL.iter().find(|&&x| x as i32 == s) else {
+        return c"unknown";
+    };
     match st {
         SPECMLA_OK => c"SPECMLA_OK",
         SPECMLA_ERR_INVALID_ARGUMENT => c"SPECMLA_ERR_INVALID_ARGUMENT",
@@ -273,10 +282,20 @@ fn status_name(s: i32) -> &'static CStr {
 /// into the library (including background draft-loading threads' callers) and must not call
 /// `specmla_set_log_callback` itself. Thread-safe.
 #[no_mangle]
-pub extern "C" fn specmla_set_log_callback(callback: LogCallback, user_data: *mut c_void, max_level: u32) -> Status {
+pub extern "C" fn specmla_set_log_callback(
+    callback: LogCallback,
+    user_data: *mut c_void,
+    max_level: u32,
+) -> Status {
     call(|| {
-        let mut sink = LOG.lock().map_err(|_| FfiError::new(Status::SPECMLA_ERR_ENGINE, "log lock poisoned"))?;
-        *sink = callback.map(|cb| LogSink { cb, user: user_data as usize, max_level });
+        let mut sink = LOG
+            .lock()
+            .map_err(|_| FfiError::new(Status::SPECMLA_ERR_ENGINE, "log lock poisoned"))?;
+        *sink = callback.map(|cb| LogSink {
+            cb,
+            user: user_data as usize,
+            max_level,
+        });
         Ok(())
     })
 }

@@ -7,7 +7,9 @@ use super::*;
 
 fn last() -> String {
     // SAFETY: specmla_last_error never returns NULL and the string lives until the next failure.
-    unsafe { CStr::from_ptr(specmla_last_error()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(specmla_last_error()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 #[test]
@@ -21,11 +23,29 @@ fn panics_become_a_status_and_a_message() {
 #[test]
 fn errors_map_to_statuses() {
     let cases = [
-        (Error::UnknownRequest(3), Status::SPECMLA_ERR_UNKNOWN_REQUEST),
+        (
+            Error::UnknownRequest(3),
+            Status::SPECMLA_ERR_UNKNOWN_REQUEST,
+        ),
         (Error::Draft("x".into()), Status::SPECMLA_ERR_DRAFT),
-        (Error::Tensor { name: "w".into(), msg: "m".into() }, Status::SPECMLA_ERR_MODEL),
-        (Error::UnknownToken { id: 9, vocab_size: 4 }, Status::SPECMLA_ERR_UNKNOWN_TOKEN),
-        (Error::KvExhausted("k".into()), Status::SPECMLA_ERR_KV_EXHAUSTED),
+        (
+            Error::Tensor {
+                name: "w".into(),
+                msg: "m".into(),
+            },
+            Status::SPECMLA_ERR_MODEL,
+        ),
+        (
+            Error::UnknownToken {
+                id: 9,
+                vocab_size: 4,
+            },
+            Status::SPECMLA_ERR_UNKNOWN_TOKEN,
+        ),
+        (
+            Error::KvExhausted("k".into()),
+            Status::SPECMLA_ERR_KV_EXHAUSTED,
+        ),
     ];
     for (e, want) in cases {
         let msg = e.to_string();
@@ -70,14 +90,29 @@ fn engine_params_are_validated() {
 fn foreign_and_null_handles_are_rejected() {
     let mut word = 0u64;
     let foreign = &mut word as *mut u64 as *mut EngineHandle;
-    assert_eq!(specmla_engine_free(std::ptr::null_mut()), Status::SPECMLA_OK);
-    assert_eq!(specmla_engine_free(foreign), Status::SPECMLA_ERR_INVALID_HANDLE);
-    assert_eq!(specmla_engine_cancel(foreign, 1), Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert_eq!(
+        specmla_engine_free(std::ptr::null_mut()),
+        Status::SPECMLA_OK
+    );
+    assert_eq!(
+        specmla_engine_free(foreign),
+        Status::SPECMLA_ERR_INVALID_HANDLE
+    );
+    assert_eq!(
+        specmla_engine_cancel(foreign, 1),
+        Status::SPECMLA_ERR_INVALID_HANDLE
+    );
     let mut r: *mut StepResult = std::ptr::null_mut();
     // SAFETY: out-pointer is valid.
-    assert_eq!(unsafe { specmla_engine_step(std::ptr::null_mut(), &mut r) }, Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert_eq!(
+        unsafe { specmla_engine_step(std::ptr::null_mut(), &mut r) },
+        Status::SPECMLA_ERR_INVALID_HANDLE
+    );
     assert!(r.is_null());
-    assert_eq!(specmla_step_result_free(foreign as *mut StepResult), Status::SPECMLA_ERR_INVALID_HANDLE);
+    assert_eq!(
+        specmla_step_result_free(foreign as *mut StepResult),
+        Status::SPECMLA_ERR_INVALID_HANDLE
+    );
     assert_eq!(word, 0, "a foreign handle is never written through");
 }
 
@@ -85,9 +120,14 @@ fn foreign_and_null_handles_are_rejected() {
 fn status_names_cover_every_code() {
     for code in 0..=17 {
         // SAFETY: static string.
-        let name = unsafe { CStr::from_ptr(specmla_status_name(code)) }.to_str().expect("ascii");
+        let name = unsafe { CStr::from_ptr(specmla_status_name(code)) }
+            .to_str()
+            .expect("ascii");
         assert!(name.starts_with("SPECMLA_"), "{code} -> {name}");
     }
     // SAFETY: static string.
-    assert_eq!(unsafe { CStr::from_ptr(specmla_status_name(-1)) }.to_str(), Ok("unknown"));
+    assert_eq!(
+        unsafe { CStr::from_ptr(specmla_status_name(-1)) }.to_str(),
+        Ok("unknown")
+    );
 }

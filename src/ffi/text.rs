@@ -17,7 +17,10 @@ pub(crate) unsafe fn cstr<'a>(p: *const c_char, name: &str) -> FfiResult<&'a str
     }
     // SAFETY: non-NULL and NUL-terminated per the contract.
     unsafe { CStr::from_ptr(p) }.to_str().map_err(|e| {
-        FfiError::new(Status::SPECMLA_ERR_INVALID_UTF8, format!("`{name}` is not valid UTF-8: {e}"))
+        FfiError::new(
+            Status::SPECMLA_ERR_INVALID_UTF8,
+            format!("`{name}` is not valid UTF-8: {e}"),
+        )
     })
 }
 
@@ -30,7 +33,10 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> FfiResul
         return Ok(&[]);
     }
     if p.is_null() {
-        return Err(FfiError::new(Status::SPECMLA_ERR_NULL_POINTER, format!("`{name}` is NULL but its count is {n}")));
+        return Err(FfiError::new(
+            Status::SPECMLA_ERR_NULL_POINTER,
+            format!("`{name}` is NULL but its count is {n}"),
+        ));
     }
     // SAFETY: per the contract.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
@@ -73,7 +79,10 @@ pub unsafe extern "C" fn specmla_tokenize(
         let n_out = out_ptr(out_n, "out_n")?;
         let h = handle::get(engine)?;
         let s = unsafe { cstr(text, "text") }?;
-        let tok = h.engine.tokenizer().ok_or_else(|| crate::Error::NoTokenizer("the model has no tokenizer.json".into()))?;
+        let tok = h
+            .engine
+            .tokenizer()
+            .ok_or_else(|| crate::Error::NoTokenizer("the model has no tokenizer.json".into()))?;
         let ids = tok.encode(s, add_special_tokens)?;
         unsafe { *n_out = ids.len() };
         if ids.len() > capacity {
@@ -109,7 +118,10 @@ pub unsafe extern "C" fn specmla_detokenize(
         let len_out = out_ptr(out_len, "out_len")?;
         let h = handle::get(engine)?;
         let ids = unsafe { slice(ids, n_ids, "ids") }?;
-        let tok = h.engine.tokenizer().ok_or_else(|| crate::Error::NoTokenizer("the model has no tokenizer.json".into()))?;
+        let tok = h
+            .engine
+            .tokenizer()
+            .ok_or_else(|| crate::Error::NoTokenizer("the model has no tokenizer.json".into()))?;
         let text = tok.decode(ids, skip_special_tokens)?;
         unsafe { *len_out = text.len() };
         if text.len() + 1 > capacity {

@@ -325,7 +325,11 @@ fn kv_dtype(code: u32, auto: KvDtype, field: &str) -> FfiResult<KvDtype> {
         SPECMLA_KV_BF16 => KvDtype::Bf16,
         SPECMLA_KV_F16 => KvDtype::F16,
         SPECMLA_KV_FP8_E4M3 => KvDtype::Fp8E4M3,
-        other => return Err(FfiError::invalid(format!("{field}: unknown KV dtype code {other}"))),
+        other => {
+            return Err(FfiError::invalid(format!(
+                "{field}: unknown KV dtype code {other}"
+            )))
+        }
     })
 }
 
@@ -360,7 +364,11 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         max_batch_tokens: p.max_batch_tokens as usize,
         max_running: p.max_running as usize,
         prefix_cache: p.prefix_cache,
-        spec: if p.adaptive { SpecMode::Adaptive { k_max: k } } else { SpecMode::Fixed(k) },
+        spec: if p.adaptive {
+            SpecMode::Adaptive { k_max: k }
+        } else {
+            SpecMode::Fixed(k)
+        },
         isa: None,
     })
 }
@@ -385,7 +393,11 @@ impl From<&Counters> for CCounters {
             ..Default::default()
         };
         // Creation caps num_draft_tokens at SPECMLA_MAX_DRAFT_POSITIONS, so nothing is dropped here.
-        let n = c.accepted_per_position.len().max(c.drafted_per_position.len()).min(SPECMLA_MAX_DRAFT_POSITIONS);
+        let n = c
+            .accepted_per_position
+            .len()
+            .max(c.drafted_per_position.len())
+            .min(SPECMLA_MAX_DRAFT_POSITIONS);
         out.n_positions = n as u32;
         for i in 0..n {
             out.accepted_per_position[i] = c.accepted_per_position.get(i).copied().unwrap_or(0);

@@ -35,6 +35,8 @@ impl AlignedBuf {
     /// Every float the buffer holds (a whole number of lines).
     pub(crate) fn as_slice(&self) -> &[f32] {
         // SAFETY: as in `as_mut`.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.lines.len() * 16) }
+        unsafe {
+            std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.lines.len() * 16)
+        }
     }
 }

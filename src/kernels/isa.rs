@@ -62,7 +62,9 @@ impl IsaLevel {
             IsaLevel::Portable => true,
             #[cfg(target_arch = "x86_64")]
             IsaLevel::Avx2 => {
-                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             IsaLevel::Avx512 => {
@@ -81,12 +83,18 @@ impl IsaLevel {
 impl Isa {
     /// The best level this CPU has (cheap: the standard library caches CPUID).
     pub fn detect() -> Self {
-        let level = IsaLevel::ALL.into_iter().rev().find(|l| l.supported()).unwrap_or(IsaLevel::Portable);
+        let level = IsaLevel::ALL
+            .into_iter()
+            .rev()
+            .find(|l| l.supported())
+            .unwrap_or(IsaLevel::Portable);
         Isa { level }
     }
     /// The portable path (same results, slower).
     pub fn portable() -> Self {
-        Isa { level: IsaLevel::Portable }
+        Isa {
+            level: IsaLevel::Portable,
+        }
     }
     /// `level` if this CPU has it.
     pub fn new(level: IsaLevel) -> Option<Self> {

@@ -107,7 +107,11 @@ pub(crate) fn fp8_row_dot(wu: &[f32], scales: &[f32], block_cols: usize, x: &[f3
             break;
         }
         let mut blk = [0.0f32; LANES];
-        fma_chunks(&mut blk, &wu[c0 * LANES..c1 * LANES], &x[c0 * LANES..c1 * LANES]);
+        fma_chunks(
+            &mut blk,
+            &wu[c0 * LANES..c1 * LANES],
+            &x[c0 * LANES..c1 * LANES],
+        );
         for l in 0..LANES {
             total[l] = s.mul_add(blk[l], total[l]);
         }

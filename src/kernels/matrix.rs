@@ -30,7 +30,11 @@ impl<T: Copy + Send + Sync + 'static> WeightBuf<T> {
     pub fn owned(v: Vec<T>) -> Self {
         let owner = Arc::new(v);
         let (ptr, len) = (owner.as_ptr(), owner.len());
-        WeightBuf { _owner: owner, ptr, len }
+        WeightBuf {
+            _owner: owner,
+            ptr,
+            len,
+        }
     }
 
     /// Borrow `len` elements at `ptr`, kept alive by `owner`.
@@ -39,15 +43,29 @@ impl<T: Copy + Send + Sync + 'static> WeightBuf<T> {
     /// `ptr` must be aligned for `T` and point to `len` initialised elements inside memory that
     /// `owner` keeps alive and that nothing mutates while any clone of the buffer exists.
     pub unsafe fn borrowed(owner: Arc<dyn Any + Send + Sync>, ptr: *const T, len: usize) -> Self {
-        debug_assert!(ptr as usize % std::mem::align_of::<T>() == 0, "WeightBuf: misaligned");
-        WeightBuf { _owner: owner, ptr, len }
+        debug_assert!(
+            ptr as usize % std::mem::align_of::<T>() == 0,
+            "WeightBuf: misaligned"
+        );
+        WeightBuf {
+            _owner: owner,
+            ptr,
+            len,
+        }
     }
 
     /// Elements [start, start + len) as a buffer sharing this one's owner.
     pub fn slice(&self, start: usize, len: usize) -> Self {
-        assert!(start.checked_add(len).is_some_and(|e| e <= self.len), "WeightBuf::slice out of range");
+        assert!(
+            start.checked_add(len).is_some_and(|e| e <= self.len),
+            "WeightBuf::slice out of range"
+        );
         // SAFETY: in range of a live, immutable buffer (checked above).
-        WeightBuf { _owner: Arc::clone(&self._owner), ptr: unsafe { self.ptr.add(start) }, len }
+        WeightBuf {
+            _owner: Arc::clone(&self._owner),
+            ptr: unsafe { self.ptr.add(start) },
+            len,
+        }
     }
 }
 
@@ -64,7 +82,11 @@ impl<T: Copy + 'static> Deref for WeightBuf<T> {
 
 impl<T: Copy + 'static> Clone for WeightBuf<T> {
     fn clone(&self) -> Self {
-        WeightBuf { _owner: Arc::clone(&self._owner), ptr: self.ptr, len: self.len }
+        WeightBuf {
+            _owner: Arc::clone(&self._owner),
+            ptr: self.ptr,
+            len: self.len,
+        }
     }
 }
 
@@ -91,7 +113,12 @@ pub enum MatrixData {
     F16(WeightBuf<half::f16>),
     /// fp8 e4m3fn bytes with block scales: W[i, j] = fp8[i, j] * scale_inv[i / block_rows, j / block_cols];
     /// scale_inv is row-major [ceil(rows / block_rows), ceil(cols / block_cols)].
-    Fp8 { data: WeightBuf<u8>, scale_inv: WeightBuf<f32>, block_rows: usize, block_cols: usize },
+    Fp8 {
+        data: WeightBuf<u8>,
+        scale_inv: WeightBuf<f32>,
+        block_rows: usize,
+        block_cols: usize,
+    },
 }
 
 /// A weight matrix [rows, cols] (out_features x in_features, as in `nn.Linear.weight`).
@@ -106,17 +133,29 @@ impl Matrix {
     pub fn from_f32(rows: usize, cols: usize, data: impl Into<WeightBuf<f32>>) -> Self {
         let data = data.into();
         assert_eq!(data.len(), rows * cols, "Matrix::from_f32 size");
-        Matrix { rows, cols, data: MatrixData::F32(data) }
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::F32(data),
+        }
     }
     pub fn from_bf16(rows: usize, cols: usize, data: impl Into<WeightBuf<u16>>) -> Self {
         let data = data.into();
         assert_eq!(data.len(), rows * cols, "Matrix::from_bf16 size");
-        Matrix { rows, cols, data: MatrixData::Bf16(data) }
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::Bf16(data),
+        }
     }
     pub fn from_f16(rows: usize, cols: usize, data: impl Into<WeightBuf<half::f16>>) -> Self {
         let data = data.into();
         assert_eq!(data.len(), rows * cols, "Matrix::from_f16 size");
-        Matrix { rows, cols, data: MatrixData::F16(data) }
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::F16(data),
+        }
     }
     pub fn from_fp8(
         rows: usize,
@@ -133,7 +172,16 @@ impl Matrix {
             rows.div_ceil(block_rows) * cols.div_ceil(block_cols),
             "Matrix::from_fp8 scale size"
         );
-        Matrix { rows, cols, data: MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } }
+        Matrix {
+            rows,
+            cols,
+            data: MatrixData::Fp8 {
+                data,
+                scale_inv,
+                block_rows,
+                block_cols,
+            },
+        }
     }
 
     /// Rows [r0, r0 + n) as a matrix sharing this one's storage (no copy). fp8 views must start
@@ -145,8 +193,16 @@ impl Matrix {
             MatrixData::F32(v) => MatrixData::F32(v.slice(r0 * c, n * c)),
             MatrixData::Bf16(v) => MatrixData::Bf16(v.slice(r0 * c, n * c)),
             MatrixData::F16(v) => MatrixData::F16(v.slice(r0 * c, n * c)),
-            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
-                assert!(r0 % block_rows == 0, "Matrix::rows_view: fp8 view off a block boundary");
+            MatrixData::Fp8 {
+                data,
+                scale_inv,
+                block_rows,
+                block_cols,
+            } => {
+                assert!(
+                    r0 % block_rows == 0,
+                    "Matrix::rows_view: fp8 view off a block boundary"
+                );
                 let ncb = c.div_ceil(*block_cols);
                 let b0 = r0 / block_rows;
                 let nb = (r0 + n).div_ceil(*block_rows) - b0;
@@ -158,7 +214,11 @@ impl Matrix {
                 }
             }
         };
-        Matrix { rows: n, cols: c, data }
+        Matrix {
+            rows: n,
+            cols: c,
+            data,
+        }
     }
 
     /// Bytes the weights occupy in memory (what one full pass over the matrix reads).
@@ -167,7 +227,9 @@ impl Matrix {
             MatrixData::F32(v) => v.len() * 4,
             MatrixData::Bf16(v) => v.len() * 2,
             MatrixData::F16(v) => v.len() * 2,
-            MatrixData::Fp8 { data, scale_inv, .. } => data.len() + scale_inv.len() * 4,
+            MatrixData::Fp8 {
+                data, scale_inv, ..
+            } => data.len() + scale_inv.len() * 4,
         }
     }
     /// Bytes per stored weight (4, 2 or 1).

@@ -21,8 +21,8 @@ mod bandwidth;
 mod gemm;
 mod isa;
 mod lanes;
-mod par;
 pub mod matrix;
+mod par;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
@@ -37,6 +37,7 @@ pub use gemm::{matmul, matmul_f32, matmul_many};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
+pub use vec_ops::{
+    axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,
+};
 pub use weighted_sum::weighted_sum_rows;
-pub use vec_ops::{axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace};
-

@@ -25,9 +25,13 @@ where
     F: Fn(usize, &mut [f32]) + Sync + Send,
 {
     if worth_parallel(work) {
-        out.par_chunks_mut(row_len).enumerate().for_each(|(i, r)| f(i, r));
+        out.par_chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
     } else {
-        out.chunks_mut(row_len).enumerate().for_each(|(i, r)| f(i, r));
+        out.chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
     }
 }
 

@@ -43,7 +43,9 @@ impl WLoad2 for half::f16 {
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
     unsafe fn load8x2(p: *const half::f16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i)))
+        _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128(
+            p as *const __m128i,
+        )))
     }
 }
 
@@ -54,7 +56,10 @@ impl WLoad2 for u8 {
     unsafe fn load8x2(p: *const u8) -> __m512 {
         let b = _mm_set1_epi64x(std::ptr::read_unaligned(p as *const i64)); // [b0..b7, b0..b7]
         let hi = _mm256_slli_epi16::<8>(_mm256_cvtepu8_epi16(b));
-        let h = _mm256_and_si256(_mm256_srai_epi16::<1>(hi), _mm256_set1_epi16(0xBFFFu16 as i16));
+        let h = _mm256_and_si256(
+            _mm256_srai_epi16::<1>(hi),
+            _mm256_set1_epi16(0xBFFFu16 as i16),
+        );
         _mm512_cvtph_ps(h)
     }
 }

@@ -32,7 +32,11 @@ fn e4m3_exact(b: u8) -> Option<f64> {
     if e == 15 && m == 7.0 {
         return None;
     }
-    let mag = if e == 0 { m / 8.0 * 2f64.powi(-6) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) };
+    let mag = if e == 0 {
+        m / 8.0 * 2f64.powi(-6)
+    } else {
+        (1.0 + m / 8.0) * 2f64.powi(e - 7)
+    };
     Some(sign * mag)
 }
 
@@ -49,11 +53,15 @@ fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix 
     match kind {
         Kind::F32 => Matrix::from_f32(rows, cols, rng.vec(rows * cols)),
         Kind::Bf16 => {
-            let d: Vec<u16> = (0..rows * cols).map(|_| (rng.f32().to_bits() >> 16) as u16).collect();
+            let d: Vec<u16> = (0..rows * cols)
+                .map(|_| (rng.f32().to_bits() >> 16) as u16)
+                .collect();
             Matrix::from_bf16(rows, cols, d)
         }
         Kind::F16 => {
-            let d: Vec<half::f16> = (0..rows * cols).map(|_| half::f16::from_f32(rng.f32())).collect();
+            let d: Vec<half::f16> = (0..rows * cols)
+                .map(|_| half::f16::from_f32(rng.f32()))
+                .collect();
             Matrix::from_f16(rows, cols, d)
         }
         Kind::Fp8(br, bc) => {
@@ -79,7 +87,12 @@ fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
         MatrixData::F32(d) => d[i] as f64,
         MatrixData::Bf16(d) => f32::from_bits((d[i] as u32) << 16) as f64,
         MatrixData::F16(d) => d[i].to_f64(),
-        MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
+        MatrixData::Fp8 {
+            data,
+            scale_inv,
+            block_rows,
+            block_cols,
+        } => {
             let s = scale_inv[r / block_rows * w.cols.div_ceil(*block_cols) + k / block_cols];
             e4m3_exact(data[i]).expect("finite") * s as f64
         }
@@ -87,19 +100,36 @@ fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
 }
 
 fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool")
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("pool")
 }
 
-const KINDS: [Kind; 6] =
-    [Kind::F32, Kind::Bf16, Kind::F16, Kind::Fp8(128, 128), Kind::Fp8(3, 16), Kind::Fp8(5, 12)];
+const KINDS: [Kind; 6] = [
+    Kind::F32,
+    Kind::Bf16,
+    Kind::F16,
+    Kind::Fp8(128, 128),
+    Kind::Fp8(3, 16),
+    Kind::Fp8(5, 12),
+];
 
 #[test]
 fn fp8_decode_matches_exact_table() {
     for b in 0..=255u8 {
         if let Some(v) = e4m3_exact(b) {
-            assert_eq!((lanes::fp8_unscaled(b) * lanes::FP8_UNSCALE) as f64, v, "byte {b:#x}");
+            assert_eq!(
+                (lanes::fp8_unscaled(b) * lanes::FP8_UNSCALE) as f64,
+                v,
+                "byte {b:#x}"
+            );
         } else {
-            assert_eq!(lanes::fp8_unscaled(b).abs() * lanes::FP8_UNSCALE, 480.0, "NaN byte {b:#x}");
+            assert_eq!(
+                lanes::fp8_unscaled(b).abs() * lanes::FP8_UNSCALE,
+                480.0,
+                "NaN byte {b:#x}"
+            );
         }
     }
     // Dequantised rows are the correctly rounded f32(fp8 * scale_inv).
@@ -131,14 +161,20 @@ fn simd_decoders_match_portable() {
             std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), v);
         }
         for l in 0..8 {
-            assert_eq!(out[l].to_bits(), lanes::fp8_unscaled(bytes[c * 8 + l]).to_bits());
+            assert_eq!(
+                out[l].to_bits(),
+                lanes::fp8_unscaled(bytes[c * 8 + l]).to_bits()
+            );
         }
         unsafe {
             let v = <u16 as WLoad>::load8(halves.as_ptr().add(c * 8));
             std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), v);
         }
         for l in 0..8 {
-            assert_eq!(out[l].to_bits(), lanes::bf16_to_f32(halves[c * 8 + l]).to_bits());
+            assert_eq!(
+                out[l].to_bits(),
+                lanes::bf16_to_f32(halves[c * 8 + l]).to_bits()
+            );
         }
     }
 }
@@ -147,7 +183,15 @@ fn simd_decoders_match_portable() {
 fn matmul_matches_f64_reference() {
     let mut rng = Rng(1);
     for kind in KINDS {
-        for (rows, cols) in [(1, 1), (3, 7), (5, 8), (13, 37), (33, 130), (70, 300), (9, 1029)] {
+        for (rows, cols) in [
+            (1, 1),
+            (3, 7),
+            (5, 8),
+            (13, 37),
+            (33, 130),
+            (70, 300),
+            (9, 1029),
+        ] {
             let w = random_matrix(&mut rng, kind, rows, cols);
             for n in [1, 2, 3, 5, 8, 70] {
                 let x = rng.vec(n * cols); // [n, cols]
@@ -193,8 +237,11 @@ fn check_batch_invariance(
         pool(threads).install(|| {
             for &n in ns {
                 // Every position for small batches; edges and middle for the large ones.
-                let positions: Vec<usize> =
-                    if n <= 16 { (0..n).collect() } else { vec![0, 1, n / 2, n - 2, n - 1] };
+                let positions: Vec<usize> = if n <= 16 {
+                    (0..n).collect()
+                } else {
+                    vec![0, 1, n / 2, n - 2, n - 1]
+                };
                 for p in positions {
                     let mut x = rng.vec(n * cols); // [n, cols]
                     x[p * cols..(p + 1) * cols].copy_from_slice(&token);
@@ -218,14 +265,14 @@ fn check_batch_invariance(
 fn batch_invariance_bitwise_simd() {
     let small: Vec<usize> = (1..=13).collect();
     for isa in Isa::available().into_iter().filter(|i| i.simd()) {
-    eprintln!("batch invariance on {isa}");
-    for kind in KINDS {
-        check_batch_invariance(isa, kind, 37, 141, &small, &[1, 2, 3]);
-        // Large enough for the rayon-parallel path; n past the direct/panel switch and past
-        // one GEMM token block.
-        check_batch_invariance(isa, kind, 260, 267, &small, &[1, 2, 3]);
-        check_batch_invariance(isa, kind, 70, 267, &[64, 65, 66, 100], &[1, 2, 3]);
-    }
+        eprintln!("batch invariance on {isa}");
+        for kind in KINDS {
+            check_batch_invariance(isa, kind, 37, 141, &small, &[1, 2, 3]);
+            // Large enough for the rayon-parallel path; n past the direct/panel switch and past
+            // one GEMM token block.
+            check_batch_invariance(isa, kind, 260, 267, &small, &[1, 2, 3]);
+            check_batch_invariance(isa, kind, 70, 267, &[64, 65, 66, 100], &[1, 2, 3]);
+        }
     }
 }
 
@@ -251,7 +298,11 @@ fn simd_and_portable_bitwise_equal() {
                     let mut ys = vec![0.0f32; n * rows]; // [n, rows]
                     matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut ys);
                     for (i, (a, b)) in ys.iter().zip(&yp).enumerate() {
-                        assert_eq!(a.to_bits(), b.to_bits(), "{isa} {kind:?} {rows}x{cols} n={n} at {i}");
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{isa} {kind:?} {rows}x{cols} n={n} at {i}"
+                        );
                     }
                 }
             }
@@ -284,13 +335,24 @@ fn dot_is_the_matmul_order_and_accurate() {
         let a = rng.vec(len);
         let b = rng.vec(len);
         let d = dot(&a, &b);
-        assert_eq!(d.to_bits(), dot_with(Isa::portable(), &a, &b).to_bits(), "len {len}");
+        assert_eq!(
+            d.to_bits(),
+            dot_with(Isa::portable(), &a, &b).to_bits(),
+            "len {len}"
+        );
         let mut y = [0.0f32; 1];
         matmul_f32(&a, 1, len, &b, 1, &mut y);
         assert_eq!(d.to_bits(), y[0].to_bits(), "dot vs matmul, len {len}");
         let r: f64 = a.iter().zip(&b).map(|(p, q)| *p as f64 * *q as f64).sum();
-        let mag: f64 = a.iter().zip(&b).map(|(p, q)| (*p as f64 * *q as f64).abs()).sum();
-        assert!((d as f64 - r).abs() <= 1e-6 * mag + 1e-30, "len {len}: {d} vs {r}");
+        let mag: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(p, q)| (*p as f64 * *q as f64).abs())
+            .sum();
+        assert!(
+            (d as f64 - r).abs() <= 1e-6 * mag + 1e-30,
+            "len {len}: {d} vs {r}"
+        );
     }
 }
 
@@ -307,7 +369,11 @@ fn dot_rows_equals_dot_bitwise() {
                 dot_rows_with(isa, &rows, stride, &x, &mut out);
                 for (r, o) in out.iter().enumerate() {
                     let want = dot(&rows[r * stride..r * stride + len], &x);
-                    assert_eq!(o.to_bits(), want.to_bits(), "len {len} count {count} row {r}");
+                    assert_eq!(
+                        o.to_bits(),
+                        want.to_bits(),
+                        "len {len} count {count} row {r}"
+                    );
                 }
             }
         }
@@ -327,7 +393,10 @@ fn vector_ops_match_references() {
         let inv = 1.0 / (ms + 1e-6).sqrt();
         for i in 0..len {
             let r = x[i] as f64 * inv * w[i] as f64;
-            assert!((out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3), "rms {len} {i}");
+            assert!(
+                (out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3),
+                "rms {len} {i}"
+            );
         }
         // softmax / log_softmax
         let m = x.iter().fold(f64::NEG_INFINITY, |a, v| a.max(*v as f64));
@@ -340,7 +409,10 @@ fn vector_ops_match_references() {
         assert!((total - 1.0).abs() < 1e-5, "softmax sums to {total}");
         for i in 0..len {
             let p = (x[i] as f64 - m).exp() / z;
-            assert!((sm[i] as f64 - p).abs() <= 1e-6 + 1e-5 * p, "softmax {len} {i}");
+            assert!(
+                (sm[i] as f64 - p).abs() <= 1e-6 + 1e-5 * p,
+                "softmax {len} {i}"
+            );
             assert!(
                 (ls[i] as f64 - p.ln()).abs() <= 1e-5 * (1.0 + p.ln().abs()),
                 "logsm {len} {i}"
@@ -352,7 +424,10 @@ fn vector_ops_match_references() {
         for i in 0..len {
             let g = x[i] as f64;
             let r = g / (1.0 + (-g).exp()) * up[i] as f64;
-            assert!((out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3), "silu {len} {i}");
+            assert!(
+                (out[i] as f64 - r).abs() <= 1e-5 * (r.abs() + 1e-3),
+                "silu {len} {i}"
+            );
         }
         let mut y = w.clone();
         axpy(0.5, &x, &mut y);
@@ -391,12 +466,20 @@ fn probes_report_positive_rates() {
 fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
     use super::weighted_sum::weighted_sum_rows_with;
     let mut rng = Rng(21);
-    for (rows, width, keys) in [(1, 5, 3), (4, 16, 9), (7, 130, 40), (16, 512, 70), (9, 128, 1)] {
+    for (rows, width, keys) in [
+        (1, 5, 3),
+        (4, 16, 9),
+        (7, 130, 40),
+        (16, 512, 70),
+        (9, 128, 1),
+    ] {
         let ps = keys + 3;
         let p = rng.vec(rows * ps); // [rows, ps]
         let vs = width + 64;
         let vals = rng.vec(keys * vs); // [keys, vs]
-        let lens: Vec<usize> = (0..rows).map(|r| keys - (r * 7 % keys.max(1)).min(keys - 1)).collect();
+        let lens: Vec<usize> = (0..rows)
+            .map(|r| keys - (r * 7 % keys.max(1)).min(keys - 1))
+            .collect();
         let mut want = vec![0.0f32; rows * width]; // [rows, width]
         for (r, o) in want.chunks_exact_mut(width).enumerate() {
             for t in 0..lens[r] {
@@ -407,7 +490,11 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
             let mut got = vec![1.0f32; rows * width];
             weighted_sum_rows_with(isa, &p, ps, &lens, &vals, vs, width, &mut got);
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "{isa} rows {rows} width {width} keys {keys} at {i}");
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{isa} rows {rows} width {width} keys {keys} at {i}"
+                );
             }
         }
     }

@@ -49,7 +49,10 @@ pub fn dot_rows(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
 pub(crate) fn dot_rows_with(isa: Isa, rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
     let len = x.len();
     if let Some(last) = out.len().checked_sub(1) {
-        assert!(rows.len() >= last * stride + len, "dot_rows: rows too short");
+        assert!(
+            rows.len() >= last * stride + len,
+            "dot_rows: rows too short"
+        );
     }
     #[cfg(target_arch = "x86_64")]
     if isa.simd() {
@@ -77,7 +80,14 @@ unsafe fn dot_rows_simd(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32])
     let mut r = 0;
     while r + G <= n {
         let mut acc = [[_mm256_setzero_ps(); 1]; G];
-        tile::<f32, G, 1>(rows.as_ptr().add(r * stride), stride, x.as_ptr(), 0, nch, &mut acc);
+        tile::<f32, G, 1>(
+            rows.as_ptr().add(r * stride),
+            stride,
+            x.as_ptr(),
+            0,
+            nch,
+            &mut acc,
+        );
         for (g, a) in acc.iter().enumerate() {
             let row = &rows[(r + g) * stride..(r + g) * stride + len];
             out[r + g] = lanes::fma_tail(hsum8(a[0]), &row[full..], &x[full..]);
@@ -103,7 +113,10 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
 /// RMSNorm of one row: out[i] = x[i] * (1 / sqrt(mean(x^2) + eps)) * w[i], with the sum of squares
 /// in the fixed dot order.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    assert!(x.len() == w.len() && x.len() == out.len(), "rms_norm: length mismatch");
+    assert!(
+        x.len() == w.len() && x.len() == out.len(),
+        "rms_norm: length mismatch"
+    );
     if x.is_empty() {
         return;
     }
@@ -151,7 +164,10 @@ pub fn log_softmax(x: &[f32], out: &mut [f32]) {
 
 /// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    assert!(gate.len() == up.len() && gate.len() == out.len(), "silu_mul: length mismatch");
+    assert!(
+        gate.len() == up.len() && gate.len() == out.len(),
+        "silu_mul: length mismatch"
+    );
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
         *o = *g / (1.0 + (-*g).exp()) * *u;
     }
@@ -161,7 +177,11 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// f32(fp8 * scale_inv) (one rounding), the value the matmul tail uses.
 pub fn matrix_row_f32(w: &Matrix, r: usize, out: &mut [f32]) {
     let cols = w.cols;
-    assert!(r < w.rows && out.len() == cols, "matrix_row_f32: row {r} / out len {}", out.len());
+    assert!(
+        r < w.rows && out.len() == cols,
+        "matrix_row_f32: row {r} / out len {}",
+        out.len()
+    );
     match WRef::of(w) {
         WRef::F32(d) => out.copy_from_slice(&d[r * cols..(r + 1) * cols]),
         WRef::Bf16(d) => {
@@ -174,9 +194,18 @@ pub fn matrix_row_f32(w: &Matrix, r: usize, out: &mut [f32]) {
                 *o = b.to_f32();
             }
         }
-        WRef::Fp8 { data, scale_inv, block_rows, block_cols } => {
+        WRef::Fp8 {
+            data,
+            scale_inv,
+            block_rows,
+            block_cols,
+        } => {
             let srow = &scale_inv[r / block_rows * cols.div_ceil(block_cols)..];
-            for (k, (o, b)) in out.iter_mut().zip(&data[r * cols..(r + 1) * cols]).enumerate() {
+            for (k, (o, b)) in out
+                .iter_mut()
+                .zip(&data[r * cols..(r + 1) * cols])
+                .enumerate()
+            {
                 *o = lanes::fp8_unscaled(*b) * (srow[k / block_cols] * lanes::FP8_UNSCALE);
             }
         }

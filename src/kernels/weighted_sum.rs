@@ -17,7 +17,15 @@ const KEY_TILE: usize = 64;
 
 /// See the module doc. `p`: [rows, ps]; row t of the values at `vals[t * vs..][..width]`;
 /// `out`: [rows, width] (overwritten).
-pub fn weighted_sum_rows(p: &[f32], ps: usize, lens: &[usize], vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+pub fn weighted_sum_rows(
+    p: &[f32],
+    ps: usize,
+    lens: &[usize],
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out)
 }
 
@@ -33,11 +41,21 @@ pub(crate) fn weighted_sum_rows_with(
     out: &mut [f32],
 ) {
     let rows = lens.len();
-    assert_eq!(out.len(), rows * width, "weighted_sum_rows: out is not [rows, width]");
+    assert_eq!(
+        out.len(),
+        rows * width,
+        "weighted_sum_rows: out is not [rows, width]"
+    );
     for (r, &len) in lens.iter().enumerate() {
-        assert!(len <= ps && r * ps + len <= p.len(), "weighted_sum_rows: row {r} past p");
+        assert!(
+            len <= ps && r * ps + len <= p.len(),
+            "weighted_sum_rows: row {r} past p"
+        );
         if len > 0 {
-            assert!((len - 1) * vs + width <= vals.len(), "weighted_sum_rows: row {r} past vals");
+            assert!(
+                (len - 1) * vs + width <= vals.len(),
+                "weighted_sum_rows: row {r} past vals"
+            );
         }
     }
     out.fill(0.0);
@@ -84,7 +102,16 @@ pub(crate) fn weighted_sum_rows_with(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_avx512(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+unsafe fn block_avx512(
+    p: &[f32],
+    ps: usize,
+    t0: usize,
+    t1: usize,
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 16 <= width {
@@ -105,7 +132,16 @@ unsafe fn block_avx512(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32],
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+unsafe fn cols_avx512<const NC: usize>(
+    p: *const f32,
+    ps: usize,
+    t0: usize,
+    t1: usize,
+    v: *const f32,
+    vs: usize,
+    o: *mut f32,
+    os: usize,
+) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); NC]; RB];
     for (i, ai) in acc.iter_mut().enumerate() {
@@ -135,7 +171,16 @@ unsafe fn cols_avx512<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_avx2(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, out: &mut [f32]) {
+unsafe fn block_avx2(
+    p: &[f32],
+    ps: usize,
+    t0: usize,
+    t1: usize,
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
     let (pp, vp, op) = (p.as_ptr(), vals.as_ptr(), out.as_mut_ptr());
     let mut c0 = 0;
     while c0 + 8 <= width {
@@ -154,7 +199,16 @@ unsafe fn block_avx2(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], v
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: usize, v: *const f32, vs: usize, o: *mut f32, os: usize) {
+unsafe fn cols_avx2<const NC: usize>(
+    p: *const f32,
+    ps: usize,
+    t0: usize,
+    t1: usize,
+    v: *const f32,
+    vs: usize,
+    o: *mut f32,
+    os: usize,
+) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); NC]; RB];
     for (i, ai) in acc.iter_mut().enumerate() {
@@ -183,7 +237,17 @@ unsafe fn cols_avx2<const NC: usize>(p: *const f32, ps: usize, t0: usize, t1: us
 
 /// Columns c0..width of the RB rows, keys t0..t1, element by element.
 #[allow(clippy::too_many_arguments)]
-fn tail_columns(p: &[f32], ps: usize, t0: usize, t1: usize, vals: &[f32], vs: usize, width: usize, c0: usize, out: &mut [f32]) {
+fn tail_columns(
+    p: &[f32],
+    ps: usize,
+    t0: usize,
+    t1: usize,
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    c0: usize,
+    out: &mut [f32],
+) {
     if c0 == width {
         return;
     }

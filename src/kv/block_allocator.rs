@@ -83,7 +83,10 @@ impl BlockAllocator {
         let rc = &mut self.refcount[b as usize];
         if *rc == 0 {
             let removed = self.evictable.remove(&(self.lru_tick[b as usize], b));
-            assert!(removed, "kv: incref of block {b} that is neither in use nor evictable");
+            assert!(
+                removed,
+                "kv: incref of block {b} that is neither in use nor evictable"
+            );
         }
         *rc += 1;
     }
@@ -106,7 +109,8 @@ impl BlockAllocator {
 
     /// Move an evictable block to the free list (its prefix-cache entry is being dropped).
     pub(crate) fn uncache(&mut self, b: u32) {
-        if self.refcount[b as usize] == 0 && self.evictable.remove(&(self.lru_tick[b as usize], b)) {
+        if self.refcount[b as usize] == 0 && self.evictable.remove(&(self.lru_tick[b as usize], b))
+        {
             self.free.push(b);
         }
     }
@@ -144,7 +148,11 @@ mod tests {
         let x = a.take().unwrap();
         assert_eq!((x.block, x.evicted), (1, false));
         let x = a.take().unwrap();
-        assert_eq!((x.block, x.evicted), (2, true), "least recently released first");
+        assert_eq!(
+            (x.block, x.evicted),
+            (2, true),
+            "least recently released first"
+        );
         a.incref(0); // reuse a cached block: leaves the LRU set
         assert_eq!(a.refcount(0), 1);
         assert_eq!(a.num_evictable(), 0);

@@ -44,7 +44,12 @@ pub struct KvConfig {
 impl KvConfig {
     /// The latent cache geometry of a model: one layer per transformer layer, `[c_kv | k_pe]`
     /// of width kv_lora_rank + qk_rope_head_dim per token.
-    pub fn for_model(model: &ModelConfig, block_size: usize, num_blocks: usize, dtype: KvDtype) -> Self {
+    pub fn for_model(
+        model: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Self {
         KvConfig {
             num_layers: model.num_hidden_layers,
             kv_lora_rank: model.kv_lora_rank,
@@ -105,7 +110,10 @@ impl KvCache {
         nonzero("block_size", cfg.block_size)?;
         nonzero("num_blocks", cfg.num_blocks)?;
         if cfg.num_blocks > u32::MAX as usize {
-            return Err(Error::config("num_blocks", format!("{} exceeds {}", cfg.num_blocks, u32::MAX)));
+            return Err(Error::config(
+                "num_blocks",
+                format!("{} exceeds {}", cfg.num_blocks, u32::MAX),
+            ));
         }
         let slot_bytes = dtype::slot_bytes(cfg.dtype, cfg.kv_lora_rank, cfg.rope_dim);
         let n_slots = cfg.num_blocks.checked_mul(cfg.block_size);
@@ -114,11 +122,23 @@ impl KvCache {
             .and_then(|n| n.checked_mul(cfg.num_layers))
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or_else(|| {
-                Error::config("num_blocks", format!("KV pool of {} blocks x {} tokens is too large", cfg.num_blocks, cfg.block_size))
+                Error::config(
+                    "num_blocks",
+                    format!(
+                        "KV pool of {} blocks x {} tokens is too large",
+                        cfg.num_blocks, cfg.block_size
+                    ),
+                )
             })?;
         let n_slots = cfg.num_blocks * cfg.block_size;
         Ok(KvCache {
-            pool: KvPool::new(cfg.dtype, cfg.num_layers, n_slots, cfg.kv_lora_rank, cfg.rope_dim),
+            pool: KvPool::new(
+                cfg.dtype,
+                cfg.num_layers,
+                n_slots,
+                cfg.kv_lora_rank,
+                cfg.rope_dim,
+            ),
             alloc: BlockAllocator::new(cfg.num_blocks),
             prefix: PrefixCache::new(cfg.num_blocks, cfg.block_size),
             slot_bytes,
@@ -171,15 +191,26 @@ impl KvCache {
                 "growing to {new_len} tokens needs {need} more blocks; {avail} free or evictable"
             )));
         }
-        Ok(KvPlan { base_blocks: seq.blocks.len(), new_blocks: need, target_len: new_len })
+        Ok(KvPlan {
+            base_blocks: seq.blocks.len(),
+            new_blocks: need,
+            target_len: new_len,
+        })
     }
 
     /// Apply a plan made against the current state: allocates its blocks (free first, then
     /// evicting LRU cached prefix blocks). Panics if the plan is for a different table size or the
     /// pool changed so that the blocks are no longer available (a scheduler bug).
     pub fn commit_grow(&mut self, seq: &mut SeqKv, plan: KvPlan) {
-        assert_eq!(seq.blocks.len(), plan.base_blocks, "kv: commit_grow with a plan for another block table");
-        assert!(plan.new_blocks <= self.alloc.available(), "kv: commit_grow with a stale plan");
+        assert_eq!(
+            seq.blocks.len(),
+            plan.base_blocks,
+            "kv: commit_grow with a plan for another block table"
+        );
+        assert!(
+            plan.new_blocks <= self.alloc.available(),
+            "kv: commit_grow with a stale plan"
+        );
         for _ in 0..plan.new_blocks {
             let b = self.take_block().expect("checked above");
             seq.blocks.push(b);
@@ -189,7 +220,11 @@ impl KvCache {
     /// Set the committed length after the forward wrote the slots. `len` <= reserved capacity.
     /// A smaller `len` than the current one is a `truncate`.
     pub fn set_len(&mut self, seq: &mut SeqKv, len: usize) {
-        assert!(len <= self.capacity(seq), "kv: set_len {len} beyond capacity {}", self.capacity(seq));
+        assert!(
+            len <= self.capacity(seq),
+            "kv: set_len {len} beyond capacity {}",
+            self.capacity(seq)
+        );
         if len < seq.len {
             self.truncate(seq, len);
         } else {
@@ -216,7 +251,8 @@ impl KvCache {
         if self.alloc.refcount(b) > 1 {
             match self.take_block() {
                 Some(nb) => {
-                    self.pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                    self.pool
+                        .copy_slots(b as usize * bs, nb as usize * bs, in_block);
                     self.release(b);
                     seq.blocks[idx] = nb;
                 }
@@ -239,10 +275,24 @@ impl KvCache {
 
     /// Quantise and write one slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`,
     /// `pos` < reserved capacity, and the slot's block must be private to `seq`.
-    pub fn write_slot(&mut self, layer: usize, seq: &SeqKv, pos: usize, c_kv: &[f32], k_pe: &[f32]) {
+    pub fn write_slot(
+        &mut self,
+        layer: usize,
+        seq: &SeqKv,
+        pos: usize,
+        c_kv: &[f32],
+        k_pe: &[f32],
+    ) {
         let bs = self.cfg.block_size;
-        assert!(layer < self.cfg.num_layers, "kv: layer {layer} out of range");
-        assert!(pos < self.capacity(seq), "kv: write at {pos} beyond capacity {}", self.capacity(seq));
+        assert!(
+            layer < self.cfg.num_layers,
+            "kv: layer {layer} out of range"
+        );
+        assert!(
+            pos < self.capacity(seq),
+            "kv: write at {pos} beyond capacity {}",
+            self.capacity(seq)
+        );
         assert_eq!(c_kv.len(), self.cfg.kv_lora_rank, "kv: c_kv width");
         assert_eq!(k_pe.len(), self.cfg.rope_dim, "kv: k_pe width");
         let b = seq.blocks[pos / bs];
@@ -251,7 +301,8 @@ impl KvCache {
             "kv: write to shared or prefix-cached block {b} (pos {pos}, len {})",
             seq.len
         );
-        self.pool.write_slot(layer, b as usize * bs + pos % bs, c_kv, k_pe);
+        self.pool
+            .write_slot(layer, b as usize * bs + pos % bs, c_kv, k_pe);
     }
 
     /// Read slots `[start, end)` of `seq` (end <= reserved capacity), dequantised into
@@ -259,8 +310,14 @@ impl KvCache {
     pub fn read_range(&self, layer: usize, seq: &SeqKv, start: usize, end: usize, out: &mut [f32]) {
         let bs = self.cfg.block_size;
         let w = self.cfg.kv_lora_rank + self.cfg.rope_dim;
-        assert!(layer < self.cfg.num_layers, "kv: layer {layer} out of range");
-        assert!(start <= end && end <= self.capacity(seq), "kv: read [{start}, {end}) beyond capacity");
+        assert!(
+            layer < self.cfg.num_layers,
+            "kv: layer {layer} out of range"
+        );
+        assert!(
+            start <= end && end <= self.capacity(seq),
+            "kv: read [{start}, {end}) beyond capacity"
+        );
         assert_eq!(out.len(), (end - start) * w, "kv: read_range out length");
         let mut pos = start;
         while pos < end {
@@ -284,7 +341,9 @@ impl KvCache {
         let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
         for toks in tokens.chunks_exact(bs).take(n_full) {
             let h = self.prefix.hash(prev, toks);
-            let Some(b) = self.prefix.lookup(h, parent, toks) else { break };
+            let Some(b) = self.prefix.lookup(h, parent, toks) else {
+                break;
+            };
             self.alloc.incref(b);
             seq.blocks.push(b);
             prev = Some(h);
@@ -367,7 +426,11 @@ impl KvCache {
         let mut holders = vec![0u32; n];
         for (si, s) in live.iter().enumerate() {
             if s.len > s.blocks.len() * bs {
-                return Err(format!("seq {si}: len {} beyond capacity {}", s.len, s.blocks.len() * bs));
+                return Err(format!(
+                    "seq {si}: len {} beyond capacity {}",
+                    s.len,
+                    s.blocks.len() * bs
+                ));
             }
             for (i, &b) in s.blocks.iter().enumerate() {
                 if b as usize >= n {
@@ -375,7 +438,9 @@ impl KvCache {
                 }
                 holders[b as usize] += 1;
                 if i >= s.len / bs && (self.alloc.refcount(b) != 1 || self.prefix.is_cached(b)) {
-                    return Err(format!("seq {si}: tail block {b} (index {i}) is shared or cached"));
+                    return Err(format!(
+                        "seq {si}: tail block {b} (index {i}) is shared or cached"
+                    ));
                 }
             }
         }
@@ -387,10 +452,17 @@ impl KvCache {
         }
         let mut evictable = 0;
         for b in 0..n as u32 {
-            let (rc, cached, free, ev) =
-                (self.alloc.refcount(b), self.prefix.is_cached(b), on_free[b as usize], self.alloc.is_evictable(b));
+            let (rc, cached, free, ev) = (
+                self.alloc.refcount(b),
+                self.prefix.is_cached(b),
+                on_free[b as usize],
+                self.alloc.is_evictable(b),
+            );
             if rc != holders[b as usize] {
-                return Err(format!("block {b}: refcount {rc} but {} tables hold it", holders[b as usize]));
+                return Err(format!(
+                    "block {b}: refcount {rc} but {} tables hold it",
+                    holders[b as usize]
+                ));
             }
             let ok = match (rc > 0, free, ev) {
                 (true, false, false) => true,
@@ -399,7 +471,9 @@ impl KvCache {
                 _ => false,
             };
             if !ok {
-                return Err(format!("block {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"));
+                return Err(format!(
+                    "block {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"
+                ));
             }
             evictable += ev as usize;
         }

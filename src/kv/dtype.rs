@@ -209,7 +209,11 @@ pub fn fp8_scale(vals: &[f32]) -> f32 {
 /// Quantise `src` into e4m3 bytes in groups of [`FP8_GROUP`]; writes one scale per group into
 /// `scales` (`scales.len() == fp8_groups(src.len())`).
 pub fn encode_fp8(src: &[f32], dst: &mut [u8], scales: &mut [f32]) {
-    for ((s, d), sc) in src.chunks(FP8_GROUP).zip(dst.chunks_mut(FP8_GROUP)).zip(scales.iter_mut()) {
+    for ((s, d), sc) in src
+        .chunks(FP8_GROUP)
+        .zip(dst.chunks_mut(FP8_GROUP))
+        .zip(scales.iter_mut())
+    {
         let scale = fp8_scale(s);
         *sc = scale;
         for (o, &v) in d.iter_mut().zip(s) {
@@ -221,7 +225,11 @@ pub fn encode_fp8(src: &[f32], dst: &mut [u8], scales: &mut [f32]) {
 /// Dequantise e4m3 bytes with per-group scales.
 #[inline]
 pub fn decode_fp8(src: &[u8], scales: &[f32], dst: &mut [f32]) {
-    for ((s, d), &sc) in src.chunks(FP8_GROUP).zip(dst.chunks_mut(FP8_GROUP)).zip(scales) {
+    for ((s, d), &sc) in src
+        .chunks(FP8_GROUP)
+        .zip(dst.chunks_mut(FP8_GROUP))
+        .zip(scales)
+    {
         for (o, &b) in d.iter_mut().zip(s) {
             *o = FP8_TABLE[b as usize] * sc;
         }
@@ -233,7 +241,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -245,7 +255,10 @@ mod tests {
         assert_eq!(KvDtype::parse("fp8").unwrap(), KvDtype::Fp8E4M3);
         assert_eq!(KvDtype::parse("BF16").unwrap(), KvDtype::Bf16);
         let e = KvDtype::parse("int4").unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("int4")), "{e}");
+        assert!(
+            matches!(&e, Error::InvalidArgument(m) if m.contains("int4")),
+            "{e}"
+        );
     }
 
     #[test]
@@ -299,7 +312,10 @@ mod tests {
             let a = x.abs();
             let mut best = 0u8;
             for c in 1u8..=0x7e {
-                let (d, db) = ((FP8_TABLE[c as usize] - a).abs(), (FP8_TABLE[best as usize] - a).abs());
+                let (d, db) = (
+                    (FP8_TABLE[c as usize] - a).abs(),
+                    (FP8_TABLE[best as usize] - a).abs(),
+                );
                 if d < db || (d == db && c % 2 == 0) {
                     best = c;
                 }
@@ -337,9 +353,15 @@ mod tests {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (a, b) in xs.iter().zip(ys) {
                     let err = (a - b).abs();
-                    assert!(err <= amax / 16.0 * 1.0001, "group {g}: {a} vs {b}, amax {amax}");
+                    assert!(
+                        err <= amax / 16.0 * 1.0001,
+                        "group {g}: {a} vs {b}, amax {amax}"
+                    );
                     // tighter: relative 1/16 of the value plus the sub-normal step
-                    assert!(err <= a.abs() / 16.0 * 1.0001 + sc[g] / 1024.0 * 1.0001, "{a} vs {b}");
+                    assert!(
+                        err <= a.abs() / 16.0 * 1.0001 + sc[g] / 1024.0 * 1.0001,
+                        "{a} vs {b}"
+                    );
                 }
             }
         }
@@ -354,12 +376,18 @@ mod tests {
     #[test]
     fn bf16_and_f16_round_trip_within_half_ulp() {
         let mut seed = 11u64;
-        let x: Vec<f32> = (0..2000).map(|i| lcg(&mut seed) * [1e-3f32, 1.0, 100.0][i % 3]).collect();
+        let x: Vec<f32> = (0..2000)
+            .map(|i| lcg(&mut seed) * [1e-3f32, 1.0, 100.0][i % 3])
+            .collect();
         let mut b = vec![0u16; x.len()];
         let mut y = vec![0f32; x.len()];
         encode_bf16(&x, &mut b);
         for (&v, &bits) in x.iter().zip(&b) {
-            assert_eq!(bits, half::bf16::from_f32(v).to_bits(), "agrees with half's RNE for {v}");
+            assert_eq!(
+                bits,
+                half::bf16::from_f32(v).to_bits(),
+                "agrees with half's RNE for {v}"
+            );
         }
         decode_bf16(&b, &mut y);
         for (a, r) in x.iter().zip(&y) {
@@ -368,16 +396,26 @@ mod tests {
         }
         // round-to-nearest-even at a tie: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> 1.0
         assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 1.0 / 256.0)), 1.0);
-        assert_eq!(bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)), 1.0 + 4.0 / 256.0);
+        assert_eq!(
+            bf16_to_f32(f32_to_bf16(1.0 + 3.0 / 256.0)),
+            1.0 + 4.0 / 256.0
+        );
         assert!(bf16_to_f32(f32_to_bf16(f32::NAN)).is_nan());
         assert_eq!(bf16_to_f32(f32_to_bf16(f32::INFINITY)), f32::INFINITY);
-        assert_eq!(bf16_to_f32(f32_to_bf16(f32::MAX)), f32::INFINITY, "rounds past the largest bf16");
+        assert_eq!(
+            bf16_to_f32(f32_to_bf16(f32::MAX)),
+            f32::INFINITY,
+            "rounds past the largest bf16"
+        );
         encode_f16(&x, &mut b);
         decode_f16(&b, &mut y);
         for (a, r) in x.iter().zip(&y) {
             // f16 has 11 significant bits: half-ulp <= 2^-11 relative (normal range; |x| >= 6.1e-5
             // here except the smallest values, which get the sub-normal absolute step 2^-25).
-            assert!((a - r).abs() <= a.abs() * (1.0 / 2048.0) + 2f32.powi(-25), "f16 {a} vs {r}");
+            assert!(
+                (a - r).abs() <= a.abs() * (1.0 / 2048.0) + 2f32.powi(-25),
+                "f16 {a} vs {r}"
+            );
         }
     }
 

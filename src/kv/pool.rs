@@ -38,7 +38,13 @@ pub(crate) struct KvPool {
 impl KvPool {
     /// Zero-filled storage for `n_slots` slots in each of `num_layers` layers. The caller has
     /// checked that the sizes do not overflow.
-    pub(crate) fn new(dtype: KvDtype, num_layers: usize, n_slots: usize, kv_lora_rank: usize, rope_dim: usize) -> Self {
+    pub(crate) fn new(
+        dtype: KvDtype,
+        num_layers: usize,
+        n_slots: usize,
+        kv_lora_rank: usize,
+        rope_dim: usize,
+    ) -> Self {
         let width = kv_lora_rank + rope_dim;
         let slot_units = match dtype {
             KvDtype::Fp8E4M3 => dtype::slot_bytes(dtype, kv_lora_rank, rope_dim),
@@ -54,7 +60,12 @@ impl KvPool {
                 KvDtype::Fp8E4M3 => LayerBuf::Fp8(vec![0; n]),
             })
             .collect();
-        KvPool { layers, kv_lora_rank, rope_dim, slot_units }
+        KvPool {
+            layers,
+            kv_lora_rank,
+            rope_dim,
+            slot_units,
+        }
     }
 
     /// Quantise and store one slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`.
@@ -126,7 +137,9 @@ impl KvPool {
         for l in &mut self.layers {
             match l {
                 LayerBuf::F32(b) => b.copy_within(src * u..(src + n) * u, dst * u),
-                LayerBuf::Bf16(b) | LayerBuf::F16(b) => b.copy_within(src * u..(src + n) * u, dst * u),
+                LayerBuf::Bf16(b) | LayerBuf::F16(b) => {
+                    b.copy_within(src * u..(src + n) * u, dst * u)
+                }
                 LayerBuf::Fp8(b) => b.copy_within(src * u..(src + n) * u, dst * u),
             }
         }
@@ -157,7 +170,10 @@ mod tests {
             pool.write_slot(1, 5, &c, &k);
             let mut out = vec![0f32; 2 * (r + p)]; // [2, kv_lora_rank + rope_dim]
             pool.read_slots(1, 4, 2, &mut out);
-            assert!(out[..r + p].iter().all(|&v| v == 0.0), "{d:?}: neighbour slot untouched");
+            assert!(
+                out[..r + p].iter().all(|&v| v == 0.0),
+                "{d:?}: neighbour slot untouched"
+            );
             assert!(!out[r + p..].iter().all(|&v| v == 0.0));
             let tol = match d {
                 KvDtype::F32 => 0.0,

@@ -110,7 +110,9 @@ impl PrefixCache {
     /// Set a new salt and drop every entry; returns the blocks that were registered (ascending).
     pub(crate) fn reset(&mut self, salt: u64) -> Vec<u32> {
         self.salt = salt;
-        let dropped: Vec<u32> = (0..self.entry.len() as u32).filter(|&b| self.is_cached(b)).collect();
+        let dropped: Vec<u32> = (0..self.entry.len() as u32)
+            .filter(|&b| self.is_cached(b))
+            .collect();
         for &b in &dropped {
             self.remove(b);
         }
@@ -123,12 +125,19 @@ impl PrefixCache {
         for (&h, &b) in &self.map {
             match self.entry.get(b as usize).copied().flatten() {
                 Some(e) if e.hash == h => {}
-                _ => return Err(format!("prefix map key {h:#x} -> block {b} without a matching entry")),
+                _ => {
+                    return Err(format!(
+                        "prefix map key {h:#x} -> block {b} without a matching entry"
+                    ))
+                }
             }
         }
         let n = self.entry.iter().filter(|e| e.is_some()).count();
         if n != self.map.len() {
-            return Err(format!("{n} registered blocks but {} map entries", self.map.len()));
+            return Err(format!(
+                "{n} registered blocks but {} map entries",
+                self.map.len()
+            ));
         }
         Ok(())
     }

@@ -4,13 +4,23 @@ use super::*;
 use crate::error::Error;
 
 fn cfg(dtype: KvDtype, num_blocks: usize) -> KvConfig {
-    KvConfig { num_layers: 2, kv_lora_rank: 8, rope_dim: 4, block_size: 4, num_blocks, dtype }
+    KvConfig {
+        num_layers: 2,
+        kv_lora_rank: 8,
+        rope_dim: 4,
+        block_size: 4,
+        num_blocks,
+        dtype,
+    }
 }
 
 /// Deterministic slot content for (layer, tag, pos): `c_kv: [8]`, `k_pe: [4]`.
 fn slot(layer: usize, tag: u32, pos: usize) -> (Vec<f32>, Vec<f32>) {
     let base = (layer * 1000 + tag as usize * 100 + pos) as f32;
-    ((0..8).map(|i| base + i as f32 * 0.5).collect(), (0..4).map(|i| -base - i as f32).collect())
+    (
+        (0..8).map(|i| base + i as f32 * 0.5).collect(),
+        (0..4).map(|i| -base - i as f32).collect(),
+    )
 }
 
 fn grow(c: &mut KvCache, s: &mut SeqKv, n: usize) {
@@ -40,7 +50,9 @@ fn read(c: &KvCache, s: &SeqKv, layer: usize, start: usize, end: usize) -> Vec<f
 fn new_rejects_bad_config() {
     let mut c = cfg(KvDtype::F32, 4);
     c.block_size = 0;
-    assert!(matches!(KvCache::new(c).unwrap_err(), Error::Config { field, .. } if field == "block_size"));
+    assert!(
+        matches!(KvCache::new(c).unwrap_err(), Error::Config { field, .. } if field == "block_size")
+    );
     let mut c = cfg(KvDtype::F32, 4);
     c.num_blocks = usize::MAX / 2;
     assert!(matches!(KvCache::new(c).unwrap_err(), Error::Config { .. }));
@@ -48,13 +60,28 @@ fn new_rejects_bad_config() {
 
 #[test]
 fn bytes_per_token_per_layer_each_dtype() {
-    for (d, want) in [(KvDtype::F32, 12 * 4), (KvDtype::Bf16, 24), (KvDtype::F16, 24), (KvDtype::Fp8E4M3, 12 + 8)] {
+    for (d, want) in [
+        (KvDtype::F32, 12 * 4),
+        (KvDtype::Bf16, 24),
+        (KvDtype::F16, 24),
+        (KvDtype::Fp8E4M3, 12 + 8),
+    ] {
         let c = KvCache::new(cfg(d, 4)).unwrap();
         assert_eq!(c.bytes_per_token_per_layer(), want, "{d:?}");
         assert_eq!(c.stats().total_bytes, want * 2 * 4 * 4);
     }
-    let v3 = KvConfig { num_layers: 61, kv_lora_rank: 512, rope_dim: 64, block_size: 64, num_blocks: 1, dtype: KvDtype::Fp8E4M3 };
-    assert_eq!(KvCache::new(v3).unwrap().bytes_per_token_per_layer(), 512 + 64 + 4 * 5);
+    let v3 = KvConfig {
+        num_layers: 61,
+        kv_lora_rank: 512,
+        rope_dim: 64,
+        block_size: 64,
+        num_blocks: 1,
+        dtype: KvDtype::Fp8E4M3,
+    };
+    assert_eq!(
+        KvCache::new(v3).unwrap().bytes_per_token_per_layer(),
+        512 + 64 + 4 * 5
+    );
 }
 
 #[test]
@@ -66,14 +93,24 @@ fn plan_is_pure_and_exhaustion_is_clean() {
     assert_eq!((p.new_blocks(), p.target_len()), (3, 9));
     assert_eq!(c.stats(), before, "plan does not mutate");
     assert!(s.blocks().is_empty());
-    assert!(matches!(c.plan_grow(&s, 13), Err(Error::KvExhausted(_))), "can never fit");
+    assert!(
+        matches!(c.plan_grow(&s, 13), Err(Error::KvExhausted(_))),
+        "can never fit"
+    );
     assert!(!c.can_ever_fit(13) && c.can_ever_fit(12));
     c.commit_grow(&mut s, p);
     assert_eq!(s.blocks(), &[0, 1, 2]);
     let mut t = SeqKv::new();
     let e = c.plan_grow(&t, 1).unwrap_err();
-    assert!(matches!(&e, Error::KvExhausted(m) if m.contains("0 free")), "{e}");
-    assert_eq!(c.plan_grow(&s, 12).unwrap().new_blocks(), 0, "capacity already suffices");
+    assert!(
+        matches!(&e, Error::KvExhausted(m) if m.contains("0 free")),
+        "{e}"
+    );
+    assert_eq!(
+        c.plan_grow(&s, 12).unwrap().new_blocks(),
+        0,
+        "capacity already suffices"
+    );
     c.free(&mut s);
     grow(&mut c, &mut t, 1);
     assert_eq!(c.stats().used_blocks, 1);
@@ -102,7 +139,10 @@ fn write_read_across_blocks_each_dtype() {
                         KvDtype::F16 => x.abs() / 2048.0,
                         KvDtype::Fp8E4M3 => amax / 16.0,
                     };
-                    assert!((x - y).abs() <= tol, "{d:?} layer {l} pos {pos}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= tol,
+                        "{d:?} layer {l} pos {pos}: {x} vs {y}"
+                    );
                 }
             }
         }
@@ -155,7 +195,11 @@ fn prefix_match_shares_blocks_and_counts_hits() {
         c.free(s);
     }
     let st = c.stats();
-    assert_eq!((st.cached_blocks, st.free_blocks), (2, 6), "registered blocks stay cached");
+    assert_eq!(
+        (st.cached_blocks, st.free_blocks),
+        (2, 6),
+        "registered blocks stay cached"
+    );
     let mut again = c.match_prefix(&prompt, usize::MAX);
     assert_eq!(again.len(), 8, "cached blocks match after release");
     let (x, _) = slot(0, 1, 4);
@@ -186,7 +230,8 @@ fn prefix_match_verifies_tokens_and_parent() {
     c.free(&mut m);
     // Right tokens but a wrong parent (block x itself) are rejected too.
     c.prefix.remove(xb);
-    c.prefix.insert(xb, h1, Some((xb, c.prefix.generation(xb))), &p2[4..]);
+    c.prefix
+        .insert(xb, h1, Some((xb, c.prefix.generation(xb))), &p2[4..]);
     let mut m = c.match_prefix(&p2, usize::MAX);
     assert_eq!(m.len(), 4, "parent mismatch rejected");
     c.free(&mut m);
@@ -221,7 +266,11 @@ fn lru_eviction_order() {
     grow(&mut c, &mut n, 8); // evicts 2 then 3
     assert_eq!(n.blocks(), &[2, 3]);
     assert_eq!(c.stats().evictions, 2);
-    assert_eq!(c.match_prefix(&seqs[2].1, usize::MAX).len(), 0, "evicted prefix no longer matches");
+    assert_eq!(
+        c.match_prefix(&seqs[2].1, usize::MAX).len(),
+        0,
+        "evicted prefix no longer matches"
+    );
     let mut hit = c.match_prefix(&seqs[1].1, usize::MAX);
     assert_eq!(hit.len(), 4);
     c.free(&mut hit);
@@ -245,7 +294,11 @@ fn unregistered_parent_orphans_children() {
     c.register_prefix(&a, &p[..4]);
     assert!(c.block_is_cached(b0));
     let mut m = c.match_prefix(&p, usize::MAX);
-    assert_eq!(m.blocks(), &[b0], "stale child not chained onto the re-registered parent");
+    assert_eq!(
+        m.blocks(),
+        &[b0],
+        "stale child not chained onto the re-registered parent"
+    );
     c.free(&mut m);
     c.free(&mut a);
     c.check_invariants(&[]).unwrap();
@@ -265,8 +318,14 @@ fn reset_prefix_cache_drops_everything() {
     assert_eq!(c.stats().cached_blocks, 1);
     c.reset_prefix_cache(42);
     let st = c.stats();
-    assert_eq!((st.cached_blocks, st.free_blocks, st.used_blocks), (0, 2, 2));
-    assert!(!c.block_is_cached(a.blocks()[0]), "in-use blocks are un-registered too");
+    assert_eq!(
+        (st.cached_blocks, st.free_blocks, st.used_blocks),
+        (0, 2, 2)
+    );
+    assert!(
+        !c.block_is_cached(a.blocks()[0]),
+        "in-use blocks are un-registered too"
+    );
     assert_eq!(c.match_prefix(&p, usize::MAX).len(), 0);
     // re-registering under the new salt works and matches
     c.register_prefix(&a, &p);
@@ -288,7 +347,11 @@ fn truncate_into_shared_block_copies_on_write() {
     let mut b = c.match_prefix(&p, usize::MAX);
     let shared = b.blocks()[1];
     c.truncate(&mut b, 6);
-    assert_ne!(b.blocks()[1], shared, "partial shared block replaced by a private copy");
+    assert_ne!(
+        b.blocks()[1],
+        shared,
+        "partial shared block replaced by a private copy"
+    );
     assert_eq!(c.block_refcount(shared), 1);
     assert_eq!(read(&c, &b, 0, 0, 6), read(&c, &a, 0, 0, 6));
     grow(&mut c, &mut b, 8);
@@ -326,7 +389,14 @@ fn read_range_throughput() {
     }
     let tokens = 4096;
     for d in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
-        let cfg = KvConfig { num_layers: 1, kv_lora_rank: 512, rope_dim: 64, block_size: 64, num_blocks: 64, dtype: d };
+        let cfg = KvConfig {
+            num_layers: 1,
+            kv_lora_rank: 512,
+            rope_dim: 64,
+            block_size: 64,
+            num_blocks: 64,
+            dtype: d,
+        };
         let mut c = KvCache::new(cfg).unwrap();
         let mut s = SeqKv::new();
         grow(&mut c, &mut s, tokens);

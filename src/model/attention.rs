@@ -19,7 +19,8 @@
 
 use crate::config::ModelConfig;
 use crate::kernels::{
-    for_each_row, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace, weighted_sum_rows, worth_parallel,
+    for_each_row, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace,
+    weighted_sum_rows, worth_parallel,
 };
 use crate::kv::KvCache;
 
@@ -45,8 +46,12 @@ pub(super) fn mla_attention(
 ) -> Vec<f32> {
     let n = pos.len();
     let nh = cfg.num_attention_heads;
-    let (nope, rdim, vdim, kvl) =
-        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (nope, rdim, vdim, kvl) = (
+        cfg.qk_nope_head_dim,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
     let qk = nope + rdim;
     let kvd = kvl + rdim;
 
@@ -58,14 +63,22 @@ pub(super) fn mla_attention(
         let r = qa.rows;
         let mut qlat = vec![0f32; n * r]; // [n, q_lora]
         if n == 1 {
-            matmul_many(vec![(qa, xn, &mut qlat[..]), (&a.kv_a_proj, xn, &mut ckv[..])]);
+            matmul_many(vec![
+                (qa, xn, &mut qlat[..]),
+                (&a.kv_a_proj, xn, &mut ckv[..]),
+            ]);
         } else {
             matmul(qa, xn, n, &mut qlat);
             matmul(&a.kv_a_proj, xn, n, &mut ckv);
         }
         let mut qn = vec![0f32; n * r]; // [n, q_lora]
         for t in 0..n {
-            rms_norm(&qlat[t * r..(t + 1) * r], qa_norm, LORA_NORM_EPS, &mut qn[t * r..(t + 1) * r]);
+            rms_norm(
+                &qlat[t * r..(t + 1) * r],
+                qa_norm,
+                LORA_NORM_EPS,
+                &mut qn[t * r..(t + 1) * r],
+            );
         }
         matmul(qb, &qn, n, &mut q);
     } else if let Some(qp) = &a.q_proj {
@@ -116,7 +129,15 @@ pub(super) fn mla_attention(
         let n_mha = ch.mha_until.saturating_sub(ch.start).min(len);
         if n_mha > 0 {
             let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
-            mha(cfg, a, scale, &cache[..keys * kvd], ch.start, &q_ch[..n_mha * nh * qk], &mut out_ch[..n_mha * nh * vdim]);
+            mha(
+                cfg,
+                a,
+                scale,
+                &cache[..keys * kvd],
+                ch.start,
+                &q_ch[..n_mha * nh * qk],
+                &mut out_ch[..n_mha * nh * vdim],
+            );
         }
         if n_mha < len {
             absorbed(
@@ -179,10 +200,22 @@ const MHA_QUERY_BLOCK: usize = 32;
 /// start.. start + m; out: [m, H, v]. Per head and block of queries: scores = K_nope Q_nope^T and
 /// K_pe Q_pe^T by matmul (each element the fixed-order dot), (s + s_pe) * scale, softmax over
 /// keys 0..=p, then the values in key order.
-fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
+fn mha(
+    cfg: &ModelConfig,
+    a: &Attention,
+    scale: f32,
+    cache: &[f32],
+    start: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
     let nh = cfg.num_attention_heads;
-    let (nope, rdim, vdim, kvl) =
-        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (nope, rdim, vdim, kvl) = (
+        cfg.qk_nope_head_dim,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
     let (qk, kvd) = (nope + rdim, kvl + rdim);
     let keys = cache.len() / kvd;
     let m = q.len() / (nh * qk);
@@ -223,7 +256,14 @@ fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize
         }
         let mut sn = vec![0f32; mb * kb]; // [mb, kb]
         let mut sp = vec![0f32; mb * kb]; // [mb, kb]
-        matmul_f32(&kn[h * keys * nope..(h * keys + kb) * nope], kb, nope, &qn, mb, &mut sn);
+        matmul_f32(
+            &kn[h * keys * nope..(h * keys + kb) * nope],
+            kb,
+            nope,
+            &qn,
+            mb,
+            &mut sn,
+        );
         matmul_f32(&pe[..kb * rdim], kb, rdim, &qp, mb, &mut sp);
         let lens: Vec<usize> = (0..mb).map(|i| start + i0 + i + 1).collect(); // keys 0..=p
         for (i, &len) in lens.iter().enumerate() {
@@ -250,10 +290,22 @@ fn mha(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize
 /// positions start..start + m; out: [m, H, v]. All heads of all queries score against the cache
 /// in ONE matmul (each latent row is read once per step, not once per head), softmax per row
 /// over keys 0..=p, and the latent values are accumulated in key order for all rows at once.
-fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: usize, q: &[f32], out: &mut [f32]) {
+fn absorbed(
+    cfg: &ModelConfig,
+    a: &Attention,
+    scale: f32,
+    cache: &[f32],
+    start: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
     let nh = cfg.num_attention_heads;
-    let (nope, rdim, vdim, kvl) =
-        (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let (nope, rdim, vdim, kvl) = (
+        cfg.qk_nope_head_dim,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
     let (qk, kvd) = (nope + rdim, kvl + rdim);
     let m = q.len() / (nh * qk);
     // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
@@ -262,18 +314,23 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     // batched GEMV pass over all heads.
     let q_lat: Vec<Vec<f32>> = if m == 1 {
         let mut ql: Vec<Vec<f32>> = (0..nh).map(|_| vec![0f32; kvl]).collect(); // [kv_lora] per head
-        let items = ql.iter_mut().enumerate().map(|(h, o)| (&a.w_uk_t[h], &q[h * qk..h * qk + nope], &mut o[..])).collect();
+        let items = ql
+            .iter_mut()
+            .enumerate()
+            .map(|(h, o)| (&a.w_uk_t[h], &q[h * qk..h * qk + nope], &mut o[..]))
+            .collect();
         matmul_many(items);
         ql
     } else {
         map_indices(nh, nh * m * nope * kvl, |h| {
-        let mut qn = vec![0f32; m * nope]; // [m, nope]
-        for i in 0..m {
-            qn[i * nope..(i + 1) * nope].copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
-        }
-        let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
-        matmul(&a.w_uk_t[h], &qn, m, &mut ql);
-        ql
+            let mut qn = vec![0f32; m * nope]; // [m, nope]
+            for i in 0..m {
+                qn[i * nope..(i + 1) * nope]
+                    .copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
+            }
+            let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
+            matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+            ql
         })
     };
     for (h, ql) in q_lat.iter().enumerate() {
@@ -298,23 +355,40 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     // streams the cache once).
     let mut ctx = vec![0f32; rows * kvl];
     let work = rows * keys * kvl;
-    let groups = if worth_parallel(work) { rayon::current_num_threads().min(rows).max(1) } else { 1 };
+    let groups = if worth_parallel(work) {
+        rayon::current_num_threads().min(rows).max(1)
+    } else {
+        1
+    };
     let per = rows.div_ceil(groups);
     for_each_row(&mut ctx, per * kvl, work, |g, o| {
         let r0 = g * per;
         let nr = o.len() / kvl;
-        weighted_sum_rows(&s[r0 * keys..], keys, &lens[r0..r0 + nr], cache, kvd, kvl, o);
+        weighted_sum_rows(
+            &s[r0 * keys..],
+            keys,
+            &lens[r0..r0 + nr],
+            cache,
+            kvd,
+            kvl,
+            o,
+        );
     });
     // o^h = W_UV^h ctx^h
     if m == 1 {
-        let items = out.chunks_exact_mut(vdim).enumerate().map(|(h, o)| (&a.w_uv[h], &ctx[h * kvl..(h + 1) * kvl], o)).collect();
+        let items = out
+            .chunks_exact_mut(vdim)
+            .enumerate()
+            .map(|(h, o)| (&a.w_uv[h], &ctx[h * kvl..(h + 1) * kvl], o))
+            .collect();
         matmul_many(items);
         return;
     }
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
         let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
         for i in 0..m {
-            ch[i * kvl..(i + 1) * kvl].copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+            ch[i * kvl..(i + 1) * kvl]
+                .copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
         }
         let mut oh = vec![0f32; m * vdim]; // [m, v]
         matmul(&a.w_uv[h], &ch, m, &mut oh);
@@ -322,7 +396,8 @@ fn absorbed(cfg: &ModelConfig, a: &Attention, scale: f32, cache: &[f32], start: 
     });
     for (h, oh) in o_heads.iter().enumerate() {
         for i in 0..m {
-            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim].copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
+            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim]
+                .copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
         }
     }
 }

@@ -27,7 +27,10 @@ impl Model {
     /// Build the model for `config` from `store`; every expected tensor is checked.
     pub fn load(config: ModelConfig, store: &WeightStore) -> Result<Model> {
         let mtp_tensors = check_tensor_set(&config, store)?;
-        let ld = Loader { store, quant: config.quantization.clone() };
+        let ld = Loader {
+            store,
+            quant: config.quantization.clone(),
+        };
         let c = &config;
         let h = c.hidden_size;
         let embed = ld.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
@@ -42,7 +45,15 @@ impl Model {
             .map(|i| load_layer(&ld, c, i))
             .collect::<Result<Vec<_>>>()?;
         let rope = Rope::new(c);
-        Ok(Model { config, embed, layers, norm, lm_head, rope, mtp_tensors })
+        Ok(Model {
+            config,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            mtp_tensors,
+        })
     }
 }
 
@@ -68,14 +79,23 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
             )),
             None,
         ),
-        None => (None, Some(ld.matrix(&format!("{p}.self_attn.q_proj.weight"), nh * qk, h)?)),
+        None => (
+            None,
+            Some(ld.matrix(&format!("{p}.self_attn.q_proj.weight"), nh * qk, h)?),
+        ),
     };
     let kv_b_proj = ld.matrix(
         &format!("{p}.self_attn.kv_b_proj.weight"),
         nh * (c.qk_nope_head_dim + c.v_head_dim),
         c.kv_lora_rank,
     )?;
-    let (w_uk_t, w_uv) = absorb(&kv_b_proj, nh, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    let (w_uk_t, w_uv) = absorb(
+        &kv_b_proj,
+        nh,
+        c.qk_nope_head_dim,
+        c.v_head_dim,
+        c.kv_lora_rank,
+    );
     let attn = Attention {
         q_lora,
         q_proj,
@@ -84,11 +104,18 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
             c.kv_lora_rank + c.qk_rope_head_dim,
             h,
         )?,
-        kv_a_norm: ld.vector_f32(&format!("{p}.self_attn.kv_a_layernorm.weight"), c.kv_lora_rank)?,
+        kv_a_norm: ld.vector_f32(
+            &format!("{p}.self_attn.kv_a_layernorm.weight"),
+            c.kv_lora_rank,
+        )?,
         kv_b_proj,
         w_uk_t,
         w_uv,
-        o_proj: ld.matrix(&format!("{p}.self_attn.o_proj.weight"), h, nh * c.v_head_dim)?,
+        o_proj: ld.matrix(
+            &format!("{p}.self_attn.o_proj.weight"),
+            h,
+            nh * c.v_head_dim,
+        )?,
     };
     let ffn = match (&c.moe, c.is_moe_layer(i)) {
         (Some(m), true) => {
@@ -100,7 +127,14 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
                 None
             };
             let experts = (0..n)
-                .map(|e| load_mlp(ld, &format!("{p}.mlp.experts.{e}"), m.moe_intermediate_size, h))
+                .map(|e| {
+                    load_mlp(
+                        ld,
+                        &format!("{p}.mlp.experts.{e}"),
+                        m.moe_intermediate_size,
+                        h,
+                    )
+                })
                 .collect::<Result<Vec<_>>>()?;
             let shared = if m.n_shared_experts > 0 {
                 Some(load_mlp(
@@ -112,7 +146,12 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
             } else {
                 None
             };
-            Ffn::Moe(Moe { gate, bias, experts, shared })
+            Ffn::Moe(Moe {
+                gate,
+                bias,
+                experts,
+                shared,
+            })
         }
         _ => Ffn::Dense(load_mlp(ld, &format!("{p}.mlp"), c.intermediate_size, h)?),
     };
@@ -128,18 +167,48 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
 /// zero-copy row view of kv_b_proj; W_UK^h^T [kv_lora, nope] is a transposed copy in the same
 /// precision (exact: f32 / bf16 / f16 elements move; fp8 bytes move with their block grid
 /// transposed). fp8 heads that do not start on a scale-block boundary fall back to exact f32.
-fn absorb(kv_b: &Matrix, nh: usize, nope: usize, v: usize, kv_lora: usize) -> (Vec<Matrix>, Vec<Matrix>) {
+fn absorb(
+    kv_b: &Matrix,
+    nh: usize,
+    nope: usize,
+    v: usize,
+    kv_lora: usize,
+) -> (Vec<Matrix>, Vec<Matrix>) {
     let mut uk = Vec::with_capacity(nh);
     let mut uv = Vec::with_capacity(nh);
     for hd in 0..nh {
         let base = hd * (nope + v);
         let (k, u) = match &kv_b.data {
-            MatrixData::F32(d) => (Matrix::from_f32(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
-            MatrixData::Bf16(d) => (Matrix::from_bf16(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
-            MatrixData::F16(d) => (Matrix::from_f16(kv_lora, nope, transpose(&d[base * kv_lora..], nope, kv_lora)), None),
-            MatrixData::Fp8 { data, scale_inv, block_rows: br, block_cols: bc }
-                if base % br == 0 && (base + nope) % br == 0 =>
-            {
+            MatrixData::F32(d) => (
+                Matrix::from_f32(
+                    kv_lora,
+                    nope,
+                    transpose(&d[base * kv_lora..], nope, kv_lora),
+                ),
+                None,
+            ),
+            MatrixData::Bf16(d) => (
+                Matrix::from_bf16(
+                    kv_lora,
+                    nope,
+                    transpose(&d[base * kv_lora..], nope, kv_lora),
+                ),
+                None,
+            ),
+            MatrixData::F16(d) => (
+                Matrix::from_f16(
+                    kv_lora,
+                    nope,
+                    transpose(&d[base * kv_lora..], nope, kv_lora),
+                ),
+                None,
+            ),
+            MatrixData::Fp8 {
+                data,
+                scale_inv,
+                block_rows: br,
+                block_cols: bc,
+            } if base % br == 0 && (base + nope) % br == 0 => {
                 let t = transpose(&data[base * kv_lora..], nope, kv_lora); // [kv_lora, nope]
                 let ncb = kv_lora.div_ceil(*bc);
                 let (sr, sc) = (kv_lora.div_ceil(*bc), nope.div_ceil(*br)); // transposed grid
@@ -158,7 +227,10 @@ fn absorb(kv_b: &Matrix, nh: usize, nope: usize, v: usize, kv_lora: usize) -> (V
                 }
                 let t = transpose(&full, nope, kv_lora);
                 let w = full[nope * kv_lora..].to_vec(); // [v, kv_lora]
-                (Matrix::from_f32(kv_lora, nope, t), Some(Matrix::from_f32(v, kv_lora, w)))
+                (
+                    Matrix::from_f32(kv_lora, nope, t),
+                    Some(Matrix::from_f32(v, kv_lora, w)),
+                )
             }
         };
         uk.push(k);

@@ -42,7 +42,12 @@ pub(super) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// Expert choice of one token: (expert ids ascending, weights).
-pub(super) fn route(cfg: &MoeConfig, model_type: ModelType, logits: &[f32], bias: Option<&[f32]>) -> Vec<(usize, f32)> {
+pub(super) fn route(
+    cfg: &MoeConfig,
+    model_type: ModelType,
+    logits: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<(usize, f32)> {
     let ne = logits.len();
     let scores: Vec<f32> = match cfg.scoring_func {
         ScoringFunc::Sigmoid => logits.iter().map(|&l| 1.0 / (1.0 + (-l).exp())).collect(),
@@ -100,19 +105,36 @@ pub(super) fn route(cfg: &MoeConfig, model_type: ModelType, logits: &[f32], bias
 /// Indices of the k largest values, largest first, ties to the lower index.
 fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..v.len()).collect();
-    idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+    idx.sort_by(|&a, &b| {
+        v[b].partial_cmp(&v[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
     idx.truncate(k);
     idx
 }
 
 /// MoE block. x: [n, hidden] -> [n, hidden].
-pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n: usize) -> Vec<f32> {
+pub(super) fn moe(
+    m: &Moe,
+    cfg: &MoeConfig,
+    model_type: ModelType,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
     let ne = m.experts.len();
     let h = x.len() / n.max(1);
     let mut logits = vec![0f32; n * ne]; // [n, n_routed]
     matmul_f32(&m.gate, ne, h, x, n, &mut logits);
     let routes: Vec<Vec<(usize, f32)>> = (0..n)
-        .map(|t| route(cfg, model_type, &logits[t * ne..(t + 1) * ne], m.bias.as_deref()))
+        .map(|t| {
+            route(
+                cfg,
+                model_type,
+                &logits[t * ne..(t + 1) * ne],
+                m.bias.as_deref(),
+            )
+        })
         .collect();
     // tokens per expert: (token, slot)
     let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ne];
@@ -138,7 +160,8 @@ pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n:
     let mut slots = vec![0f32; n * k * h]; // [n, k, hidden]
     for (ai, &e) in active.iter().enumerate() {
         for (i, &(t, s)) in per_expert[e].iter().enumerate() {
-            slots[(t * k + s) * h..(t * k + s + 1) * h].copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
+            slots[(t * k + s) * h..(t * k + s + 1) * h]
+                .copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
         }
     }
     let mut y = match &m.shared {
@@ -167,7 +190,11 @@ pub(super) fn moe(m: &Moe, cfg: &MoeConfig, model_type: ModelType, x: &[f32], n:
 /// `mlp` per expert); the outputs combine in the same order as the general path.
 fn moe_one_token(m: &Moe, route: &[(usize, f32)], x: &[f32]) -> Vec<f32> {
     let h = x.len();
-    let experts: Vec<&Expert> = route.iter().map(|&(e, _)| &m.experts[e]).chain(m.shared.as_ref()).collect();
+    let experts: Vec<&Expert> = route
+        .iter()
+        .map(|&(e, _)| &m.experts[e])
+        .chain(m.shared.as_ref())
+        .collect();
     let mut gates: Vec<Vec<f32>> = experts.iter().map(|e| vec![0f32; e.gate.rows]).collect(); // [inter] each
     let mut ups: Vec<Vec<f32>> = experts.iter().map(|e| vec![0f32; e.up.rows]).collect(); // [inter] each
     let mut items = Vec::with_capacity(2 * experts.len());
@@ -186,8 +213,19 @@ fn moe_one_token(m: &Moe, route: &[(usize, f32)], x: &[f32]) -> Vec<f32> {
         })
         .collect();
     let mut outs: Vec<Vec<f32>> = experts.iter().map(|_| vec![0f32; h]).collect(); // [hidden] each
-    matmul_many(experts.iter().zip(&acts).zip(outs.iter_mut()).map(|((e, a), o)| (&e.down, &a[..], &mut o[..])).collect());
-    let mut y = if m.shared.is_some() { outs.pop().expect("shared output") } else { vec![0f32; h] };
+    matmul_many(
+        experts
+            .iter()
+            .zip(&acts)
+            .zip(outs.iter_mut())
+            .map(|((e, a), o)| (&e.down, &a[..], &mut o[..]))
+            .collect(),
+    );
+    let mut y = if m.shared.is_some() {
+        outs.pop().expect("shared output")
+    } else {
+        vec![0f32; h]
+    };
     // Reference order: routed sum first, then + shared.
     let mut routed = vec![0f32; h]; // [hidden]
     for (o, &(_, w)) in outs.iter().zip(route) {
@@ -205,7 +243,14 @@ fn moe_one_token(m: &Moe, route: &[(usize, f32)], x: &[f32]) -> Vec<f32> {
 mod tests {
     use super::*;
 
-    fn cfg(method: TopkMethod, scoring: ScoringFunc, ng: usize, tg: usize, k: usize, norm: bool) -> MoeConfig {
+    fn cfg(
+        method: TopkMethod,
+        scoring: ScoringFunc,
+        ng: usize,
+        tg: usize,
+        k: usize,
+        norm: bool,
+    ) -> MoeConfig {
         MoeConfig {
             n_routed_experts: 8,
             n_shared_experts: 1,
@@ -247,7 +292,14 @@ mod tests {
         let r = route(&c, ModelType::DeepseekV3, &logits, None);
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![2, 3]);
         // group_limited_greedy uses the max per group: group 0 wins
-        let c = cfg(TopkMethod::GroupLimitedGreedy, ScoringFunc::Softmax, 4, 1, 2, false);
+        let c = cfg(
+            TopkMethod::GroupLimitedGreedy,
+            ScoringFunc::Softmax,
+            4,
+            1,
+            2,
+            false,
+        );
         let r = route(&c, ModelType::DeepseekV2, &logits, None);
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), vec![0, 1]);
     }

@@ -31,10 +31,14 @@ impl Rope {
         let dim = cfg.qk_rope_head_dim;
         let base = cfg.rope_theta;
         let half = dim / 2;
-        let pos_freqs: Vec<f64> =
-            (0..half).map(|i| base.powf((2 * i) as f64 / dim as f64)).collect();
+        let pos_freqs: Vec<f64> = (0..half)
+            .map(|i| base.powf((2 * i) as f64 / dim as f64))
+            .collect();
         let Some(y) = &cfg.rope_scaling else {
-            return Rope { inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(), attention_factor: 1.0 };
+            return Rope {
+                inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
+                attention_factor: 1.0,
+            };
         };
         let factor = y.factor;
         let attention_factor = if y.mscale != 0.0 && y.mscale_all_dim != 0.0 {
@@ -60,7 +64,10 @@ impl Rope {
                 inv_inter * (1.0 - extrapolation_factor) + inv_extra * extrapolation_factor
             })
             .collect();
-        Rope { inv_freq, attention_factor }
+        Rope {
+            inv_freq,
+            attention_factor,
+        }
     }
 
     /// Rotate one interleaved rope vector in place at absolute position `pos`. // x: [rope_dim]
@@ -69,7 +76,10 @@ impl Rope {
             // transformers computes freqs = pos * inv_freq in f32, then cos/sin in f32.
             let angle = (pos as f32) * (f as f32);
             let (s, c) = angle.sin_cos();
-            let (c, s) = ((c as f64 * self.attention_factor) as f32, (s as f64 * self.attention_factor) as f32);
+            let (c, s) = (
+                (c as f64 * self.attention_factor) as f32,
+                (s as f64 * self.attention_factor) as f32,
+            );
             let (a, b) = (x[2 * i], x[2 * i + 1]);
             x[2 * i] = a * c - b * s;
             x[2 * i + 1] = b * c + a * s;

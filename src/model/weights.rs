@@ -87,7 +87,8 @@ impl Model {
 
     /// Total parameters (as stored in the checkpoint, absorbed copies not counted).
     pub fn num_params(&self) -> usize {
-        let mut n = self.embed.numel() + self.norm.len() + self.lm_head.as_ref().map_or(0, |m| m.numel());
+        let mut n =
+            self.embed.numel() + self.norm.len() + self.lm_head.as_ref().map_or(0, |m| m.numel());
         for l in &self.layers {
             n += l.input_norm.len() + l.post_norm.len();
             let a = &l.attn;
@@ -150,7 +151,11 @@ impl Model {
             n += match &l.ffn {
                 Ffn::Dense(e) => expert_bytes(e),
                 Ffn::Moe(m) => {
-                    let k = self.config.moe.as_ref().map_or(0, |c| c.num_experts_per_tok);
+                    let k = self
+                        .config
+                        .moe
+                        .as_ref()
+                        .map_or(0, |c| c.num_experts_per_tok);
                     m.gate.len() * 4
                         + m.experts.first().map_or(0, expert_bytes) * k
                         + m.shared.as_ref().map_or(0, expert_bytes)

@@ -60,7 +60,7 @@ pub fn processed_probs(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
     }
     let t = p.temperature as f64;
     let z: Vec<f64> = logits.iter().map(|&l| sanitize(l) / t + 0.0).collect(); // [vocab]
-    // Rank order: higher z first, then lower id.
+                                                                               // Rank order: higher z first, then lower id.
     let by_rank = |a: &u32, b: &u32| z[*b as usize].total_cmp(&z[*a as usize]).then(a.cmp(b));
 
     let mut kept: Vec<u32> = (0..n as u32).collect(); // [n_kept] candidate ids
@@ -68,7 +68,10 @@ pub fn processed_probs(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
         kept.select_nth_unstable_by(p.top_k - 1, by_rank);
         kept.truncate(p.top_k);
     }
-    let m = kept.iter().map(|&i| z[i as usize]).fold(f64::NEG_INFINITY, f64::max);
+    let m = kept
+        .iter()
+        .map(|&i| z[i as usize])
+        .fold(f64::NEG_INFINITY, f64::max);
     if m == f64::NEG_INFINITY {
         out[argmax(logits) as usize] = 1.0;
         return out;
@@ -82,7 +85,11 @@ pub fn processed_probs(logits: &[f32], p: &SamplingParams) -> Vec<f32> {
         sum += w;
     }
 
-    let top_p = if p.top_p.is_nan() { 1.0 } else { p.top_p as f64 };
+    let top_p = if p.top_p.is_nan() {
+        1.0
+    } else {
+        p.top_p as f64
+    };
     if top_p < 1.0 {
         let cut = top_p_prefix_len(&mut kept, &e, sum, top_p, by_rank);
         kept.truncate(cut);
@@ -130,7 +137,16 @@ fn top_p_prefix_len(
 /// as f32. NaN logits count as -inf. If some logits are +inf they share all the mass; if all are
 /// -inf the result is -inf everywhere.
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
-    let x: Vec<f64> = logits.iter().map(|&l| if l.is_nan() { f64::NEG_INFINITY } else { l as f64 }).collect(); // [vocab]
+    let x: Vec<f64> = logits
+        .iter()
+        .map(|&l| {
+            if l.is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                l as f64
+            }
+        })
+        .collect(); // [vocab]
     let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     if m == f64::NEG_INFINITY {
         return vec![f32::NEG_INFINITY; logits.len()];
@@ -138,7 +154,16 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     if m == f64::INFINITY {
         let c = x.iter().filter(|&&v| v == f64::INFINITY).count() as f64;
         let lp = -c.ln() as f32;
-        return x.iter().map(|&v| if v == f64::INFINITY { lp } else { f32::NEG_INFINITY }).collect();
+        return x
+            .iter()
+            .map(|&v| {
+                if v == f64::INFINITY {
+                    lp
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+            .collect();
     }
     let sum: f64 = x.iter().map(|&v| (v - m).exp()).sum();
     let lse = m + sum.ln();
@@ -150,7 +175,12 @@ mod tests {
     use super::*;
 
     fn params(temperature: f32, top_k: usize, top_p: f32) -> SamplingParams {
-        SamplingParams { temperature, top_k, top_p, ..Default::default() }
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            ..Default::default()
+        }
     }
 
     fn assert_close(a: &[f32], b: &[f64], tol: f64) {
@@ -198,7 +228,10 @@ mod tests {
     #[test]
     fn top_p_smallest_prefix_and_ties() {
         // probs 0.5, 0.25, 0.125, 0.125 (logits are their logs).
-        let logits: Vec<f32> = [0.5f64, 0.25, 0.125, 0.125].iter().map(|p| p.ln() as f32).collect();
+        let logits: Vec<f32> = [0.5f64, 0.25, 0.125, 0.125]
+            .iter()
+            .map(|p| p.ln() as f32)
+            .collect();
         let got = processed_probs(&logits, &params(1.0, 0, 0.75));
         assert_close(&got, &[2.0 / 3.0, 1.0 / 3.0, 0.0, 0.0], 1e-6);
         // 0.8 needs a third token; ids 2 and 3 tie, the lower id wins.
@@ -211,7 +244,10 @@ mod tests {
 
     #[test]
     fn top_k_then_top_p_renormalises_within_k() {
-        let logits: Vec<f32> = [0.4f64, 0.3, 0.2, 0.1].iter().map(|p| p.ln() as f32).collect();
+        let logits: Vec<f32> = [0.4f64, 0.3, 0.2, 0.1]
+            .iter()
+            .map(|p| p.ln() as f32)
+            .collect();
         // After k = 2: 4/7, 3/7. top_p = 0.5 -> only id 0 (4/7 >= 0.5).
         let got = processed_probs(&logits, &params(1.0, 2, 0.5));
         assert_eq!(got, vec![1.0, 0.0, 0.0, 0.0]);
@@ -224,7 +260,9 @@ mod tests {
     fn top_p_large_vocab_matches_full_sort() {
         // Exercise the chunked selection past several chunk sizes against a naive full sort.
         let n = 5000usize;
-        let logits: Vec<f32> = (0..n).map(|i| (((i * 7919) % 1000) as f32) * 0.003).collect();
+        let logits: Vec<f32> = (0..n)
+            .map(|i| (((i * 7919) % 1000) as f32) * 0.003)
+            .collect();
         for &top_p in &[0.05f32, 0.3, 0.9, 0.999] {
             let got = processed_probs(&logits, &params(0.7, 0, top_p));
             let z: Vec<f64> = logits.iter().map(|&l| l as f64 / 0.7f32 as f64).collect();
@@ -243,7 +281,9 @@ mod tests {
                 }
             }
             let ks: f64 = (0..n).filter(|&i| keep[i]).map(|i| e[i]).sum();
-            let want: Vec<f64> = (0..n).map(|i| if keep[i] { e[i] / ks } else { 0.0 }).collect();
+            let want: Vec<f64> = (0..n)
+                .map(|i| if keep[i] { e[i] / ks } else { 0.0 })
+                .collect();
             assert_close(&got, &want, 1e-7);
             let nz = got.iter().filter(|&&v| v > 0.0).count();
             assert_eq!(nz, keep.iter().filter(|&&k| k).count(), "top_p {top_p}");
@@ -254,13 +294,25 @@ mod tests {
     fn odd_logits_do_not_panic() {
         let p = params(1.0, 0, 0.9);
         assert!(processed_probs(&[], &p).is_empty());
-        assert_eq!(processed_probs(&[f32::NAN, f32::NEG_INFINITY], &p), vec![0.0, 1.0]);
-        assert_eq!(processed_probs(&[1.0, f32::INFINITY, 2.0], &p), vec![0.0, 1.0, 0.0]);
+        assert_eq!(
+            processed_probs(&[f32::NAN, f32::NEG_INFINITY], &p),
+            vec![0.0, 1.0]
+        );
+        assert_eq!(
+            processed_probs(&[1.0, f32::INFINITY, 2.0], &p),
+            vec![0.0, 1.0, 0.0]
+        );
         let two_inf = processed_probs(&[f32::INFINITY, 0.0, f32::INFINITY], &params(1.0, 0, 1.0));
         assert_eq!(two_inf, vec![0.5, 0.0, 0.5]);
         // Invalid temperature (not validated) falls back to greedy instead of panicking.
-        assert_eq!(processed_probs(&[0.0, 1.0], &params(f32::NAN, 0, 1.0)), vec![0.0, 1.0]);
-        assert_eq!(processed_probs(&[0.0, 1.0], &params(-1.0, 0, 1.0)), vec![0.0, 1.0]);
+        assert_eq!(
+            processed_probs(&[0.0, 1.0], &params(f32::NAN, 0, 1.0)),
+            vec![0.0, 1.0]
+        );
+        assert_eq!(
+            processed_probs(&[0.0, 1.0], &params(-1.0, 0, 1.0)),
+            vec![0.0, 1.0]
+        );
     }
 
     #[test]
@@ -271,7 +323,10 @@ mod tests {
         // Large logits do not overflow.
         let got = log_softmax(&[1000.0, 1000.0]);
         assert_close(&got, &[-(2f64.ln()), -(2f64.ln())], 1e-6);
-        assert_eq!(log_softmax(&[f32::NEG_INFINITY; 2]), vec![f32::NEG_INFINITY; 2]);
+        assert_eq!(
+            log_softmax(&[f32::NEG_INFINITY; 2]),
+            vec![f32::NEG_INFINITY; 2]
+        );
         let inf = log_softmax(&[f32::INFINITY, 0.0]);
         assert_eq!(inf, vec![0.0, f32::NEG_INFINITY]);
         assert!(log_softmax(&[]).is_empty());

@@ -26,7 +26,13 @@ pub use stop::{StopMatcher, StopResult};
 /// leaves the draw above the last sum, the last id with positive mass. Negative, NaN and infinite
 /// entries count as zero mass; a row with no mass gives id 0.
 pub fn sample_from(probs: &[f32], rng: &mut Rng) -> u32 {
-    let mass = |p: f32| if p > 0.0 && p.is_finite() { p as f64 } else { 0.0 };
+    let mass = |p: f32| {
+        if p > 0.0 && p.is_finite() {
+            p as f64
+        } else {
+            0.0
+        }
+    };
     let u = rng.next_f64();
     let total: f64 = probs.iter().map(|&p| mass(p)).sum();
     if total.is_nan() || total <= 0.0 {
@@ -92,7 +98,10 @@ mod tests {
         let mut r = Rng::new(5);
         assert_eq!(sample_token(&logits, &SamplingParams::default(), &mut r), 1);
         assert_eq!(r, Rng::new(5));
-        let p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         sample_token(&logits, &p, &mut r);
         let mut once = Rng::new(5);
         once.next_u64();

@@ -51,7 +51,10 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<()> {
         let bad = |field: &str, msg: String| Err(Error::InvalidRequest(format!("{field}: {msg}")));
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return bad("temperature", format!("must be finite and >= 0, got {}", self.temperature));
+            return bad(
+                "temperature",
+                format!("must be finite and >= 0, got {}", self.temperature),
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad("top_p", format!("must be in (0, 1], got {}", self.top_p));
@@ -93,26 +96,69 @@ mod tests {
 
     #[test]
     fn validate_names_the_field() {
-        let base = SamplingParams { temperature: 0.7, ..Default::default() };
+        let base = SamplingParams {
+            temperature: 0.7,
+            ..Default::default()
+        };
         base.validate().unwrap();
         for t in [f32::NAN, -0.1, f32::INFINITY] {
-            assert_eq!(field_of(&SamplingParams { temperature: t, ..base.clone() }), "temperature");
+            assert_eq!(
+                field_of(&SamplingParams {
+                    temperature: t,
+                    ..base.clone()
+                }),
+                "temperature"
+            );
         }
         for tp in [0.0, -0.5, 1.0001, f32::NAN] {
-            assert_eq!(field_of(&SamplingParams { top_p: tp, ..base.clone() }), "top_p");
+            assert_eq!(
+                field_of(&SamplingParams {
+                    top_p: tp,
+                    ..base.clone()
+                }),
+                "top_p"
+            );
         }
-        SamplingParams { top_p: 1.0, ..base.clone() }.validate().unwrap();
-        SamplingParams { top_p: 1e-6, ..base.clone() }.validate().unwrap();
-        assert_eq!(field_of(&SamplingParams { max_tokens: 0, ..base.clone() }), "max_tokens");
+        SamplingParams {
+            top_p: 1.0,
+            ..base.clone()
+        }
+        .validate()
+        .unwrap();
+        SamplingParams {
+            top_p: 1e-6,
+            ..base.clone()
+        }
+        .validate()
+        .unwrap();
+        assert_eq!(
+            field_of(&SamplingParams {
+                max_tokens: 0,
+                ..base.clone()
+            }),
+            "max_tokens"
+        );
         let stops = vec!["ok".to_string(), String::new()];
-        assert_eq!(field_of(&SamplingParams { stop_strings: stops, ..base }), "stop_strings");
+        assert_eq!(
+            field_of(&SamplingParams {
+                stop_strings: stops,
+                ..base
+            }),
+            "stop_strings"
+        );
     }
 
     #[test]
     fn greedy_detection() {
-        let p = SamplingParams { temperature: 0.8, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 0.8,
+            ..Default::default()
+        };
         assert!(!is_greedy(&p));
-        assert!(is_greedy(&SamplingParams { top_k: 1, ..p.clone() }));
+        assert!(is_greedy(&SamplingParams {
+            top_k: 1,
+            ..p.clone()
+        }));
         assert!(!is_greedy(&SamplingParams { top_k: 2, ..p }));
     }
 }

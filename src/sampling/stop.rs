@@ -52,7 +52,10 @@ impl StopMatcher {
     /// Feed the next text delta.
     pub fn push(&mut self, delta: &str) -> StopResult {
         if self.matched.is_some() {
-            return StopResult { emit: String::new(), stopped: true };
+            return StopResult {
+                emit: String::new(),
+                stopped: true,
+            };
         }
         self.held.push_str(delta);
         // Earliest end, then earliest start. Only the held suffix plus the new delta is searched:
@@ -70,13 +73,19 @@ impl StopMatcher {
             self.matched = Some(k);
             let emit = self.held[..start].to_string();
             self.held.clear();
-            return StopResult { emit, stopped: true };
+            return StopResult {
+                emit,
+                stopped: true,
+            };
         }
         let keep = self.partial_suffix_len();
         let cut = self.held.len() - keep;
         let emit = self.held[..cut].to_string();
         self.held.drain(..cut);
-        StopResult { emit, stopped: false }
+        StopResult {
+            emit,
+            stopped: false,
+        }
     }
 
     /// End of stream: release whatever was held back (empty after a stop).
@@ -128,20 +137,47 @@ mod tests {
     #[test]
     fn holds_back_partial_and_releases_on_mismatch() {
         let mut sm = m(&["STOP"]);
-        assert_eq!(sm.push("hello ST"), StopResult { emit: "hello ".into(), stopped: false });
-        assert_eq!(sm.push("A"), StopResult { emit: "STA".into(), stopped: false });
-        assert_eq!(sm.push("rt S"), StopResult { emit: "rt ".into(), stopped: false });
+        assert_eq!(
+            sm.push("hello ST"),
+            StopResult {
+                emit: "hello ".into(),
+                stopped: false
+            }
+        );
+        assert_eq!(
+            sm.push("A"),
+            StopResult {
+                emit: "STA".into(),
+                stopped: false
+            }
+        );
+        assert_eq!(
+            sm.push("rt S"),
+            StopResult {
+                emit: "rt ".into(),
+                stopped: false
+            }
+        );
         assert_eq!(sm.finish(), "S");
     }
 
     #[test]
     fn match_across_deltas_cuts_before_stop() {
-        assert_eq!(run(&["</s>"], &["abc<", "/", "s", ">tail"]), ("abc".into(), true));
+        assert_eq!(
+            run(&["</s>"], &["abc<", "/", "s", ">tail"]),
+            ("abc".into(), true)
+        );
         assert_eq!(run(&["</s>"], &["abc</s>tail"]), ("abc".into(), true));
         let mut sm = m(&["x"]);
         assert!(sm.push("ax").stopped);
         assert_eq!(sm.matched_stop(), Some("x"));
-        assert_eq!(sm.push("more"), StopResult { emit: String::new(), stopped: true });
+        assert_eq!(
+            sm.push("more"),
+            StopResult {
+                emit: String::new(),
+                stopped: true
+            }
+        );
         assert_eq!(sm.finish(), "");
     }
 
@@ -149,7 +185,10 @@ mod tests {
     fn overlapping_stops_earliest_end_wins_regardless_of_split() {
         // "bc" ends (at 3) before "abcd" (at 4) would: cut at 1.
         assert_eq!(run(&["abcd", "bc"], &["abcd"]), ("a".into(), true));
-        assert_eq!(run(&["abcd", "bc"], &["a", "b", "c", "d"]), ("a".into(), true));
+        assert_eq!(
+            run(&["abcd", "bc"], &["a", "b", "c", "d"]),
+            ("a".into(), true)
+        );
         // Same end: the earlier start (longer stop) wins.
         assert_eq!(run(&["cd", "bcd"], &["abcde"]), ("a".into(), true));
         // Self-overlapping stop: "aab" inside "aaab".
@@ -158,7 +197,10 @@ mod tests {
 
     #[test]
     fn multibyte_chars() {
-        assert_eq!(run(&["🌍!"], &["héllo ", "🌍", "!", "x"]), ("héllo ".into(), true));
+        assert_eq!(
+            run(&["🌍!"], &["héllo ", "🌍", "!", "x"]),
+            ("héllo ".into(), true)
+        );
         let mut sm = m(&["éé"]);
         assert_eq!(sm.push("aé").emit, "a");
         assert_eq!(sm.push("b").emit, "éb");
@@ -178,7 +220,9 @@ mod tests {
         let stops = ["aba", "bab", "ca", "🌍x"];
         let text = "cbxab🌍🌍xaba";
         let whole = run(&stops, &[text]);
-        let bounds: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        let bounds: Vec<usize> = (0..=text.len())
+            .filter(|&i| text.is_char_boundary(i))
+            .collect();
         for &i in &bounds {
             for &j in bounds.iter().filter(|&&j| j >= i) {
                 let got = run(&stops, &[&text[..i], &text[i..j], &text[j..]]);

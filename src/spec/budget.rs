@@ -51,7 +51,9 @@ fn last_index_of(hay: &[u32], needle: &[u32]) -> Option<usize> {
     if needle.is_empty() || hay.len() < needle.len() {
         return None;
     }
-    (0..=hay.len() - needle.len()).rev().find(|&i| &hay[i..i + needle.len()] == needle)
+    (0..=hay.len() - needle.len())
+        .rev()
+        .find(|&i| &hay[i..i + needle.len()] == needle)
 }
 
 impl BudgetState {
@@ -67,7 +69,15 @@ impl BudgetState {
         };
         let keep = cfg.start.len().max(cfg.end.len());
         let tail = prompt[prompt.len().saturating_sub(keep)..].to_vec();
-        BudgetState { cfg, phase, reasoning: 0, answer: 0, forced_tokens: 0, forced_end: false, tail }
+        BudgetState {
+            cfg,
+            phase,
+            reasoning: 0,
+            answer: 0,
+            forced_tokens: 0,
+            forced_end: false,
+            tail,
+        }
     }
 
     pub fn phase(&self) -> Phase {
@@ -81,7 +91,10 @@ impl BudgetState {
     /// Length of the longest proper prefix of the end marker that the committed tail ends with.
     fn end_partial(&self) -> usize {
         let end = &self.cfg.end;
-        (1..end.len()).rev().find(|&m| ends_with(&self.tail, &end[..m])).unwrap_or(0)
+        (1..end.len())
+            .rev()
+            .find(|&m| ends_with(&self.tail, &end[..m]))
+            .unwrap_or(0)
     }
 
     /// The token the next commit must be, if the budget forces it.
@@ -98,7 +111,9 @@ impl BudgetState {
     /// not thinking).
     pub fn remaining(&self) -> Option<usize> {
         match (self.phase, self.cfg.budget) {
-            (Phase::Thinking, Some(b)) if !self.cfg.end.is_empty() => Some(b.saturating_sub(self.reasoning)),
+            (Phase::Thinking, Some(b)) if !self.cfg.end.is_empty() => {
+                Some(b.saturating_sub(self.reasoning))
+            }
             _ => None,
         }
     }
@@ -140,15 +155,31 @@ mod tests {
     use super::*;
 
     fn cfg(b: Option<usize>, end: &[u32]) -> BudgetConfig {
-        BudgetConfig { budget: b, start: vec![100], end: end.to_vec() }
+        BudgetConfig {
+            budget: b,
+            start: vec![100],
+            end: end.to_vec(),
+        }
     }
 
     #[test]
     fn prompt_decides_phase() {
-        assert_eq!(BudgetState::new(cfg(None, &[101]), &[1, 2]).phase(), Phase::Before);
-        assert_eq!(BudgetState::new(cfg(None, &[101]), &[1, 100, 5]).phase(), Phase::Thinking);
-        assert_eq!(BudgetState::new(cfg(None, &[101]), &[100, 5, 101]).phase(), Phase::Answer);
-        assert_eq!(BudgetState::new(cfg(None, &[101]), &[100, 101, 100]).phase(), Phase::Thinking);
+        assert_eq!(
+            BudgetState::new(cfg(None, &[101]), &[1, 2]).phase(),
+            Phase::Before
+        );
+        assert_eq!(
+            BudgetState::new(cfg(None, &[101]), &[1, 100, 5]).phase(),
+            Phase::Thinking
+        );
+        assert_eq!(
+            BudgetState::new(cfg(None, &[101]), &[100, 5, 101]).phase(),
+            Phase::Answer
+        );
+        assert_eq!(
+            BudgetState::new(cfg(None, &[101]), &[100, 101, 100]).phase(),
+            Phase::Thinking
+        );
     }
 
     #[test]
@@ -166,7 +197,10 @@ mod tests {
         assert_eq!(s.phase(), Phase::Answer);
         assert_eq!(s.forced_next(), None);
         s.commit(9, false);
-        assert_eq!((s.reasoning, s.answer, s.forced_tokens, s.forced_end), (3, 1, 2, true));
+        assert_eq!(
+            (s.reasoning, s.answer, s.forced_tokens, s.forced_end),
+            (3, 1, 2, true)
+        );
     }
 
     #[test]

@@ -52,7 +52,14 @@ pub struct DraftModelProposer {
 
 impl DraftModelProposer {
     /// `target_vocab`: the target's vocabulary size (a mismatch is refused).
-    pub fn new(model: Arc<Model>, kv_dtype: KvDtype, num_blocks: usize, block_size: usize, target_vocab: usize, label: String) -> Result<Self> {
+    pub fn new(
+        model: Arc<Model>,
+        kv_dtype: KvDtype,
+        num_blocks: usize,
+        block_size: usize,
+        target_vocab: usize,
+        label: String,
+    ) -> Result<Self> {
         if model.config.vocab_size != target_vocab {
             return Err(Error::Draft(format!(
                 "vocabulary mismatch: draft vocab_size {} != target vocab_size {}",
@@ -61,7 +68,12 @@ impl DraftModelProposer {
         }
         let c = &model.config;
         let kv = KvCache::new(KvConfig::for_model(c, block_size, num_blocks, kv_dtype))?;
-        Ok(DraftModelProposer { model, kv, seqs: HashMap::new(), label })
+        Ok(DraftModelProposer {
+            model,
+            kv,
+            seqs: HashMap::new(),
+            label,
+        })
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -77,7 +89,13 @@ impl DraftModelProposer {
 
 impl Proposer for DraftModelProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
-        let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal { tokens: Vec::new(), q: Some(Vec::new()) }).collect();
+        let mut out: Vec<Proposal> = reqs
+            .iter()
+            .map(|_| Proposal {
+                tokens: Vec::new(),
+                q: Some(Vec::new()),
+            })
+            .collect();
         // Plan each request's role and reserve its KV: a drafting request needs context + (k - 1)
         // fed drafts; a request catching up needs what it feeds. Requests that do not fit draft
         // nothing.
@@ -87,9 +105,18 @@ impl Proposer for DraftModelProposer {
                 continue;
             }
             let seed = r.params.seed ^ 0x9e37_79b9_7f4a_7c15;
-            let s = self.seqs.entry(r.id).or_insert_with(|| DraftSeq { kv: SeqKv::new(), fed: Vec::new(), rng: Rng::new(seed) });
+            let s = self.seqs.entry(r.id).or_insert_with(|| DraftSeq {
+                kv: SeqKv::new(),
+                fed: Vec::new(),
+                rng: Rng::new(seed),
+            });
             // keep only the prefix still shared with the context, and never the last token (we need its logits)
-            let mut keep = s.fed.iter().zip(r.context).take_while(|(a, b)| a == b).count();
+            let mut keep = s
+                .fed
+                .iter()
+                .zip(r.context)
+                .take_while(|(a, b)| a == b)
+                .count();
             keep = keep.min(r.context.len() - 1);
             if keep < s.fed.len() {
                 self.kv.truncate(&mut s.kv, keep);
@@ -138,13 +165,21 @@ impl Proposer for DraftModelProposer {
             }
         }
         let vocab = self.model.config.vocab_size;
-        let kmax = active.iter().filter(|(_, role)| *role == Role::Draft).map(|&(i, _)| reqs[i].k).max().unwrap_or(0);
+        let kmax = active
+            .iter()
+            .filter(|(_, role)| *role == Role::Draft)
+            .map(|&(i, _)| reqs[i].k)
+            .max()
+            .unwrap_or(0);
         // one forward per draft position; at least one (step 0) when only catch-ups are active
         let steps = if active.is_empty() { 0 } else { kmax.max(1) };
         for step in 0..steps {
             // step 0: every active request (drafting or catching up); later: drafting ones only
-            let live: Vec<(usize, Role)> =
-                active.iter().copied().filter(|&(i, role)| step == 0 || (role == Role::Draft && reqs[i].k > step)).collect();
+            let live: Vec<(usize, Role)> = active
+                .iter()
+                .copied()
+                .filter(|&(i, role)| step == 0 || (role == Role::Draft && reqs[i].k > step))
+                .collect();
             if live.is_empty() {
                 break;
             }
@@ -165,8 +200,18 @@ impl Proposer for DraftModelProposer {
                     .zip(&inputs)
                     .map(|(&(i, role), inp)| {
                         let s = &self.seqs[&reqs[i].id];
-                        let logits = if role == Role::Draft { LogitsMode::Last } else { LogitsMode::None };
-                        SeqChunk { kv: &s.kv, start: s.fed.len(), tokens: inp, mha_until: reqs[i].prompt_len, logits }
+                        let logits = if role == Role::Draft {
+                            LogitsMode::Last
+                        } else {
+                            LogitsMode::None
+                        };
+                        SeqChunk {
+                            kv: &s.kv,
+                            start: s.fed.len(),
+                            tokens: inp,
+                            mha_until: reqs[i].prompt_len,
+                            logits,
+                        }
                     })
                     .collect();
                 self.model.forward(&mut self.kv, &chunks)?
@@ -184,7 +229,11 @@ impl Proposer for DraftModelProposer {
                 let row = &logits[row_at * vocab..(row_at + 1) * vocab]; // [vocab]
                 row_at += 1;
                 let q = processed_probs(row, r.params);
-                let tok = if is_greedy(r.params) { argmax(row) } else { sample_from(&q, &mut s.rng) };
+                let tok = if is_greedy(r.params) {
+                    argmax(row)
+                } else {
+                    sample_from(&q, &mut s.rng)
+                };
                 out[i].tokens.push(tok);
                 if let Some(qs) = out[i].q.as_mut() {
                     qs.push(q);
@@ -197,7 +246,12 @@ impl Proposer for DraftModelProposer {
 
     fn on_commit(&mut self, id: u64, context: &[u32]) {
         if let Some(s) = self.seqs.get_mut(&id) {
-            let keep = s.fed.iter().zip(context).take_while(|(a, b)| a == b).count();
+            let keep = s
+                .fed
+                .iter()
+                .zip(context)
+                .take_while(|(a, b)| a == b)
+                .count();
             s.fed.truncate(keep);
             self.kv.truncate(&mut s.kv, keep);
         }
@@ -216,12 +270,20 @@ impl Proposer for DraftModelProposer {
     }
 
     fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
-        let Some(s) = self.seqs.get(&id) else { return Ok(()) };
+        let Some(s) = self.seqs.get(&id) else {
+            return Ok(());
+        };
         if s.kv.len() != s.fed.len() {
-            return Err(format!("draft KV len {} != fed tokens {}", s.kv.len(), s.fed.len()));
+            return Err(format!(
+                "draft KV len {} != fed tokens {}",
+                s.kv.len(),
+                s.fed.len()
+            ));
         }
         if s.fed.len() > context.len() || s.fed[..] != context[..s.fed.len()] {
-            return Err(format!("request {id}: draft KV is not a prefix of the committed context"));
+            return Err(format!(
+                "request {id}: draft KV is not a prefix of the committed context"
+            ));
         }
         Ok(())
     }
@@ -243,18 +305,28 @@ mod tests {
     use crate::sampling::SamplingParams;
 
     fn draft_model() -> Arc<Model> {
-        Arc::new(Model::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/draft")).expect("bundled draft"))
+        Arc::new(
+            Model::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/draft"))
+                .expect("bundled draft"),
+        )
     }
 
     /// Greedy drafts of the model alone: the whole context in one forward, then k - 1 more.
     fn reference_drafts(model: &Model, ctx: &[u32], prompt_len: usize, k: usize) -> Vec<u32> {
-        let mut kv = KvCache::new(KvConfig::for_model(&model.config, 16, 256, KvDtype::F32)).unwrap();
+        let mut kv =
+            KvCache::new(KvConfig::for_model(&model.config, 16, 256, KvDtype::F32)).unwrap();
         let mut seq = SeqKv::new();
         let plan = kv.plan_grow(&seq, ctx.len() + k).unwrap();
         kv.commit_grow(&mut seq, plan);
         let (mut fed, mut input, mut out) = (0, ctx.to_vec(), Vec::new());
         for _ in 0..k {
-            let chunk = SeqChunk { kv: &seq, start: fed, tokens: &input, mha_until: prompt_len, logits: LogitsMode::Last };
+            let chunk = SeqChunk {
+                kv: &seq,
+                start: fed,
+                tokens: &input,
+                mha_until: prompt_len,
+                logits: LogitsMode::Last,
+            };
             let logits = model.forward(&mut kv, &[chunk]).unwrap();
             fed += input.len();
             kv.set_len(&mut seq, fed);
@@ -268,9 +340,15 @@ mod tests {
     fn long_catch_ups_are_bounded_per_round_and_draft_the_same_tokens() {
         let model = draft_model();
         let vocab = model.config.vocab_size;
-        let mut p = DraftModelProposer::new(model.clone(), KvDtype::F32, 256, 16, vocab, "draft".into()).unwrap();
+        let mut p =
+            DraftModelProposer::new(model.clone(), KvDtype::F32, 256, 16, vocab, "draft".into())
+                .unwrap();
         let params = SamplingParams::default();
-        let ctx = |len: usize, salt: u32| -> Vec<u32> { (0..len as u32).map(|i| 5 + (i * 7 + salt * 13) % (vocab as u32 - 5)).collect() };
+        let ctx = |len: usize, salt: u32| -> Vec<u32> {
+            (0..len as u32)
+                .map(|i| 5 + (i * 7 + salt * 13) % (vocab as u32 - 5))
+                .collect()
+        };
         let contexts = [ctx(200, 1), ctx(150, 2), ctx(10, 3), ctx(40, 4)];
         let prompt_lens = [180, 150, 8, 40];
         let k = 4;
@@ -278,19 +356,30 @@ mod tests {
             .iter()
             .zip(prompt_lens)
             .enumerate()
-            .map(|(i, (c, pl))| ProposeRequest { id: i as u64, context: c, prompt_len: pl, k, params: &params })
+            .map(|(i, (c, pl))| ProposeRequest {
+                id: i as u64,
+                context: c,
+                prompt_len: pl,
+                k,
+                params: &params,
+            })
             .collect();
         let mut drafted_in_round = [usize::MAX; 4];
         let mut final_drafts: Vec<Vec<u32>> = vec![Vec::new(); 4];
         for round in 0..10 {
-            let before: Vec<usize> = (0..4).map(|i| p.seqs.get(&(i as u64)).map_or(0, |s| s.fed.len())).collect();
+            let before: Vec<usize> = (0..4)
+                .map(|i| p.seqs.get(&(i as u64)).map_or(0, |s| s.fed.len()))
+                .collect();
             let props = p.propose(&reqs).unwrap();
             let mut caught_up = 0;
             for (i, prop) in props.iter().enumerate() {
                 let after = p.seqs[&(i as u64)].fed.len();
                 if prop.tokens.is_empty() {
                     caught_up += after - before[i];
-                    assert!(after < contexts[i].len(), "a request catching up never feeds its last token");
+                    assert!(
+                        after < contexts[i].len(),
+                        "a request catching up never feeds its last token"
+                    );
                     p.check(i as u64, &contexts[i]).unwrap();
                 } else {
                     assert_eq!(prop.tokens.len(), k);
@@ -298,18 +387,34 @@ mod tests {
                     final_drafts[i] = prop.tokens.clone();
                 }
             }
-            assert!(caught_up <= CATCHUP_PER_ROUND, "round {round}: {caught_up} catch-up tokens");
+            assert!(
+                caught_up <= CATCHUP_PER_ROUND,
+                "round {round}: {caught_up} catch-up tokens"
+            );
             if drafted_in_round.iter().all(|&r| r != usize::MAX) {
                 break;
             }
         }
         // The short prompts draft at once, the long ones only after their catch-up rounds.
         assert_eq!(drafted_in_round[2], 0);
-        assert_eq!(drafted_in_round[3], 0, "40 unseen tokens fit the shared budget");
-        assert!(drafted_in_round[0] >= 1 && drafted_in_round[0] != usize::MAX, "{drafted_in_round:?}");
-        assert!(drafted_in_round[1] >= 1 && drafted_in_round[1] != usize::MAX, "{drafted_in_round:?}");
+        assert_eq!(
+            drafted_in_round[3], 0,
+            "40 unseen tokens fit the shared budget"
+        );
+        assert!(
+            drafted_in_round[0] >= 1 && drafted_in_round[0] != usize::MAX,
+            "{drafted_in_round:?}"
+        );
+        assert!(
+            drafted_in_round[1] >= 1 && drafted_in_round[1] != usize::MAX,
+            "{drafted_in_round:?}"
+        );
         for i in 0..4 {
-            assert_eq!(final_drafts[i], reference_drafts(&model, &contexts[i], prompt_lens[i], k), "request {i}");
+            assert_eq!(
+                final_drafts[i],
+                reference_drafts(&model, &contexts[i], prompt_lens[i], k),
+                "request {i}"
+            );
         }
     }
 }

@@ -19,7 +19,13 @@ pub struct LinearCost {
 
 impl Default for LinearCost {
     fn default() -> Self {
-        LinearCost { n: 0.0, sx: 0.0, sy: 0.0, sxx: 0.0, sxy: 0.0 }
+        LinearCost {
+            n: 0.0,
+            sx: 0.0,
+            sy: 0.0,
+            sxx: 0.0,
+            sxy: 0.0,
+        }
     }
 }
 
@@ -60,14 +66,21 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
 }
 
 /// Choose k in 0..=k_max for one request. `batch`: requests in the step; `target`/`draft`: fitted costs.
-pub fn choose_k(a: f64, k_max: usize, batch: usize, target: &LinearCost, draft: &LinearCost) -> usize {
+pub fn choose_k(
+    a: f64,
+    k_max: usize,
+    batch: usize,
+    target: &LinearCost,
+    draft: &LinearCost,
+) -> usize {
     let (Some((tb, tt)), Some((db, dt))) = (target.fit(), draft.fit()) else {
         return k_max; // no measurements yet: explore
     };
     let b = batch.max(1) as f64;
     let mut best = (0usize, 0.0f64);
     for k in 0..=k_max {
-        let cost = tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
+        let cost =
+            tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
         let rate = expected_tokens(a, k) / cost.max(1e-12);
         if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
@@ -99,9 +112,17 @@ mod tests {
         let target = model(0.010, 0.0002); // memory-bound: big fixed cost
         let cheap_draft = model(0.001, 0.0001);
         assert!(choose_k(0.9, 8, 1, &target, &cheap_draft) >= 3);
-        assert_eq!(choose_k(0.0, 8, 1, &target, &cheap_draft), 0, "zero acceptance never pays");
+        assert_eq!(
+            choose_k(0.0, 8, 1, &target, &cheap_draft),
+            0,
+            "zero acceptance never pays"
+        );
         let compute_bound = model(0.0001, 0.001);
-        assert_eq!(choose_k(0.6, 8, 64, &compute_bound, &cheap_draft), 0, "large batch, compute bound");
+        assert_eq!(
+            choose_k(0.6, 8, 64, &compute_bound, &cheap_draft),
+            0,
+            "large batch, compute bound"
+        );
     }
 
     #[test]

@@ -75,7 +75,10 @@ impl Proposer for NgramProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
         Ok(reqs
             .iter()
-            .map(|r| Proposal { tokens: ngram_propose(r.context, r.k, self.min_n, self.max_n), q: None })
+            .map(|r| Proposal {
+                tokens: ngram_propose(r.context, r.k, self.min_n, self.max_n),
+                q: None,
+            })
             .collect())
     }
     fn on_commit(&mut self, _id: u64, _context: &[u32]) {}

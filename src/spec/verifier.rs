@@ -7,7 +7,9 @@
 //! with no draft left (bonus) sample p. p and q are both `processed_probs` (temperature, top-k,
 //! top-p) of the same request's params. Drafters without distributions use q = one-hot(d_i).
 
-use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, sample_token, Rng, SamplingParams};
+use crate::sampling::{
+    argmax, is_greedy, processed_probs, sample_from, sample_token, Rng, SamplingParams,
+};
 
 /// What happened at one position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +36,11 @@ pub fn verify_position(
     };
     if is_greedy(params) {
         let t = argmax(logits);
-        return if t == d { (t, Verdict::Accepted) } else { (t, Verdict::Recovered) };
+        return if t == d {
+            (t, Verdict::Accepted)
+        } else {
+            (t, Verdict::Recovered)
+        };
     }
     let p = processed_probs(logits, params); // [vocab]
     let pd = p[d as usize] as f64;
@@ -70,14 +76,27 @@ mod tests {
         let params = SamplingParams::default();
         let mut rng = Rng::new(0);
         let logits = [0.1, 3.0, 0.2];
-        assert_eq!(verify_position(&logits, Some((1, None)), &params, &mut rng), (1, Verdict::Accepted));
-        assert_eq!(verify_position(&logits, Some((2, None)), &params, &mut rng), (1, Verdict::Recovered));
-        assert_eq!(verify_position(&logits, None, &params, &mut rng), (1, Verdict::Bonus));
+        assert_eq!(
+            verify_position(&logits, Some((1, None)), &params, &mut rng),
+            (1, Verdict::Accepted)
+        );
+        assert_eq!(
+            verify_position(&logits, Some((2, None)), &params, &mut rng),
+            (1, Verdict::Recovered)
+        );
+        assert_eq!(
+            verify_position(&logits, None, &params, &mut rng),
+            (1, Verdict::Bonus)
+        );
     }
 
     #[test]
     fn stochastic_never_emits_outside_support() {
-        let params = SamplingParams { temperature: 1.0, top_k: 2, ..SamplingParams::default() };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            ..SamplingParams::default()
+        };
         let mut rng = Rng::new(7);
         let logits = [2.0, 1.0, -5.0, -6.0];
         for _ in 0..2000 {

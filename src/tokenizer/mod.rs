@@ -32,7 +32,9 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("vocab_size", &self.vocab_size).finish_non_exhaustive()
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .finish_non_exhaustive()
     }
 }
 
@@ -43,8 +45,10 @@ impl Tokenizer {
     /// Load a `tokenizer.json` file. I/O failures are [`Error::Io`]; a malformed file is
     /// [`Error::Tokenizer`] naming the path and the parser's cause.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::from_bytes(&bytes).map_err(|e| match e {
             Error::Tokenizer(msg) => Error::Tokenizer(format!("{}: {msg}", path.display())),
             other => other,
@@ -69,7 +73,9 @@ impl Tokenizer {
 
     fn from_inner(inner: tokenizers::Tokenizer) -> Self {
         let max_id = inner.get_vocab(true).values().copied().max();
-        let vocab_size = max_id.map_or(0, |m| m as usize + 1).max(inner.get_vocab_size(true));
+        let vocab_size = max_id
+            .map_or(0, |m| m as usize + 1)
+            .max(inner.get_vocab_size(true));
         Tokenizer { inner, vocab_size }
     }
 
@@ -95,7 +101,10 @@ impl Tokenizer {
     /// Fail with [`Error::UnknownToken`] on the first id the vocabulary does not contain.
     pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
         match ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
-            Some(&id) => Err(Error::UnknownToken { id, vocab_size: self.vocab_size }),
+            Some(&id) => Err(Error::UnknownToken {
+                id,
+                vocab_size: self.vocab_size,
+            }),
             None => Ok(()),
         }
     }
@@ -133,8 +142,12 @@ impl Tokenizer {
     /// added tokens) in id order, then every added token's `(id, content, special)`. Two
     /// tokenizers with equal fingerprints map every id to the same token string.
     pub fn vocab_fingerprint(&self) -> u64 {
-        let mut pairs: Vec<(u32, String)> =
-            self.inner.get_vocab(true).into_iter().map(|(t, id)| (id, t)).collect();
+        let mut pairs: Vec<(u32, String)> = self
+            .inner
+            .get_vocab(true)
+            .into_iter()
+            .map(|(t, id)| (id, t))
+            .collect();
         pairs.sort();
         let mut added: Vec<(u32, String, bool)> = self
             .inner
@@ -222,7 +235,10 @@ mod tests {
     fn wordlevel_basics() {
         let tok = Tokenizer::from_bytes(WORDLEVEL.as_bytes()).unwrap();
         assert_eq!(tok.vocab_size(), 6);
-        assert_eq!(tok.encode("hello <think> world", false).unwrap(), vec![1, 4, 2]);
+        assert_eq!(
+            tok.encode("hello <think> world", false).unwrap(),
+            vec![1, 4, 2]
+        );
         assert_eq!(tok.encode("hello zzz", false).unwrap(), vec![1, 0]);
         assert_eq!(tok.token_to_id("</think>"), Some(5));
         assert_eq!(tok.id_to_token(3).as_deref(), Some("again"));
@@ -233,7 +249,10 @@ mod tests {
         );
         assert!(matches!(
             tok.decode(&[1, 6], false),
-            Err(Error::UnknownToken { id: 6, vocab_size: 6 })
+            Err(Error::UnknownToken {
+                id: 6,
+                vocab_size: 6
+            })
         ));
     }
 
@@ -252,15 +271,27 @@ mod tests {
 
     #[test]
     fn bad_json_and_missing_file() {
-        assert!(matches!(Tokenizer::from_bytes(b"{not json"), Err(Error::Tokenizer(_))));
+        assert!(matches!(
+            Tokenizer::from_bytes(b"{not json"),
+            Err(Error::Tokenizer(_))
+        ));
         let dir = std::env::temp_dir().join(format!("specmla-tok-none-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         assert!(Tokenizer::from_model_dir(&dir).unwrap().is_none());
         std::fs::write(dir.join(TOKENIZER_FILE), b"[]").unwrap();
         let err = Tokenizer::from_model_dir(&dir).unwrap_err();
-        assert!(matches!(&err, Error::Tokenizer(m) if m.contains(TOKENIZER_FILE)), "{err}");
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains(TOKENIZER_FILE)),
+            "{err}"
+        );
         std::fs::write(dir.join(TOKENIZER_FILE), WORDLEVEL).unwrap();
-        assert_eq!(Tokenizer::from_model_dir(&dir).unwrap().unwrap().vocab_size(), 6);
+        assert_eq!(
+            Tokenizer::from_model_dir(&dir)
+                .unwrap()
+                .unwrap()
+                .vocab_size(),
+            6
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

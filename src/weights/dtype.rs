@@ -121,9 +121,18 @@ pub fn f16_to_f32(b: u16) -> f32 {
 /// Returns `None` for `DType::Other`. `bytes.len()` must be a multiple of the element size.
 pub(crate) fn decode_to_f32(dtype: &DType, bytes: &[u8]) -> Option<Vec<f32>> {
     let out = match dtype {
-        DType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        DType::BF16 => bytes.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))).collect(),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
         DType::F8E4M3 => bytes.iter().map(|&b| fp8_e4m3_to_f32(b)).collect(),
         DType::Other(_) => return None,
     };
@@ -132,7 +141,10 @@ pub(crate) fn decode_to_f32(dtype: &DType, bytes: &[u8]) -> Option<Vec<f32>> {
 
 /// Raw little-endian u16 elements (bf16 / f16 bit patterns), copied without alignment needs.
 pub(crate) fn copy_u16(bytes: &[u8]) -> Vec<u16> {
-    bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+    bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
 }
 
 #[cfg(test)]
@@ -147,7 +159,11 @@ mod tests {
         if e == 15 && m == 7.0 {
             return f32::NAN;
         }
-        let v = if e == 0 { m / 8.0 * 2f64.powi(-6) } else { (1.0 + m / 8.0) * 2f64.powi(e - 7) };
+        let v = if e == 0 {
+            m / 8.0 * 2f64.powi(-6)
+        } else {
+            (1.0 + m / 8.0) * 2f64.powi(e - 7)
+        };
         (s * v) as f32
     }
 
@@ -188,9 +204,15 @@ mod tests {
         let mut buf = vec![0u8; 1];
         buf.extend_from_slice(&1.5f32.to_le_bytes());
         buf.extend_from_slice(&(-2.0f32).to_le_bytes());
-        assert_eq!(decode_to_f32(&DType::F32, &buf[1..]).unwrap(), vec![1.5, -2.0]);
+        assert_eq!(
+            decode_to_f32(&DType::F32, &buf[1..]).unwrap(),
+            vec![1.5, -2.0]
+        );
         let h = half::f16::from_f32(0.333).to_bits().to_le_bytes();
-        assert_eq!(decode_to_f32(&DType::F16, &h).unwrap(), vec![half::f16::from_f32(0.333).to_f32()]);
+        assert_eq!(
+            decode_to_f32(&DType::F16, &h).unwrap(),
+            vec![half::f16::from_f32(0.333).to_f32()]
+        );
         assert!(decode_to_f32(&DType::Other("i64".into()), &[0; 8]).is_none());
     }
 }

@@ -27,7 +27,11 @@ fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
     let heads = cfg.num_attention_heads;
     let mut v: Vec<Spec> = Vec::new();
     let mut add = |s: &str, shape: &[usize], quantised: bool| {
-        v.push(Spec { name: format!("{p}{s}"), shape: shape.to_vec(), quantised })
+        v.push(Spec {
+            name: format!("{p}{s}"),
+            shape: shape.to_vec(),
+            quantised,
+        })
     };
     add("input_layernorm.weight", &[h], false);
     add("post_attention_layernorm.weight", &[h], false);
@@ -40,15 +44,38 @@ fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
         }
         None => add("self_attn.q_proj.weight", &[q_out, h], true),
     }
-    add("self_attn.kv_a_proj_with_mqa.weight", &[cfg.kv_cache_dim(), h], true);
-    add("self_attn.kv_a_layernorm.weight", &[cfg.kv_lora_rank], false);
-    add("self_attn.kv_b_proj.weight", &[heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank], true);
-    add("self_attn.o_proj.weight", &[h, heads * cfg.v_head_dim], true);
+    add(
+        "self_attn.kv_a_proj_with_mqa.weight",
+        &[cfg.kv_cache_dim(), h],
+        true,
+    );
+    add(
+        "self_attn.kv_a_layernorm.weight",
+        &[cfg.kv_lora_rank],
+        false,
+    );
+    add(
+        "self_attn.kv_b_proj.weight",
+        &[
+            heads * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+            cfg.kv_lora_rank,
+        ],
+        true,
+    );
+    add(
+        "self_attn.o_proj.weight",
+        &[h, heads * cfg.v_head_dim],
+        true,
+    );
     match (&cfg.moe, cfg.is_moe_layer(layer)) {
         (Some(m), true) => {
             add("mlp.gate.weight", &[m.n_routed_experts, h], false);
             if m.topk_method == TopkMethod::NoauxTc {
-                add("mlp.gate.e_score_correction_bias", &[m.n_routed_experts], false);
+                add(
+                    "mlp.gate.e_score_correction_bias",
+                    &[m.n_routed_experts],
+                    false,
+                );
             }
             let i = m.moe_intermediate_size;
             for e in 0..m.n_routed_experts {
@@ -80,14 +107,20 @@ fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
 /// config is fp8. MTP layers are not included (they are optional for serving).
 pub fn expected_tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, h]), ("model.norm.weight".to_string(), vec![h])];
+    let mut out = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, h]),
+        ("model.norm.weight".to_string(), vec![h]),
+    ];
     if !cfg.tie_word_embeddings {
         out.push(("lm_head.weight".into(), vec![v, h]));
     }
     for layer in 0..cfg.num_hidden_layers {
         for spec in layer_tensors(cfg, layer) {
             if let (true, Some(q)) = (spec.quantised, cfg.quantization) {
-                let s = vec![spec.shape[0].div_ceil(q.block_rows), spec.shape[1].div_ceil(q.block_cols)];
+                let s = vec![
+                    spec.shape[0].div_ceil(q.block_rows),
+                    spec.shape[1].div_ceil(q.block_cols),
+                ];
                 out.push((scale_inv_name(&spec.name), s));
             }
             out.push((spec.name, spec.shape));
@@ -98,7 +131,10 @@ pub fn expected_tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 
 /// The names of [`expected_tensor_shapes`], in the same order.
 pub fn expected_tensor_names(cfg: &ModelConfig) -> Vec<String> {
-    expected_tensor_shapes(cfg).into_iter().map(|(n, _)| n).collect()
+    expected_tensor_shapes(cfg)
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
 }
 
 /// Buffers some exporters write that carry no weights.
@@ -121,12 +157,16 @@ pub fn check_tensor_set(cfg: &ModelConfig, store: &WeightStore) -> Result<Vec<St
         match store.get(n) {
             None => return Err(Error::tensor(n.as_str(), "missing")),
             Some(t) if t.shape != &shape[..] => {
-                return Err(Error::tensor(n.as_str(), format!("expected shape {shape:?}, found {:?}", t.shape)))
+                return Err(Error::tensor(
+                    n.as_str(),
+                    format!("expected shape {shape:?}, found {:?}", t.shape),
+                ))
             }
             Some(_) => {}
         }
     }
-    let expected: std::collections::HashSet<&str> = expected.iter().map(|(s, _)| s.as_str()).collect();
+    let expected: std::collections::HashSet<&str> =
+        expected.iter().map(|(s, _)| s.as_str()).collect();
     let mtp = cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.num_nextn_predict_layers;
     let mut mtp_names = Vec::new();
     for n in store.names() {
@@ -166,7 +206,9 @@ mod tests {
         let c = cfg("");
         let n = expected_tensor_names(&c);
         assert!(n.contains(&"model.layers.0.mlp.gate_proj.weight".to_string()));
-        assert!(!n.iter().any(|x| x.starts_with("model.layers.0.mlp.experts")));
+        assert!(!n
+            .iter()
+            .any(|x| x.starts_with("model.layers.0.mlp.experts")));
         assert!(n.contains(&"model.layers.1.mlp.experts.3.down_proj.weight".to_string()));
         assert!(n.contains(&"model.layers.2.mlp.gate.e_score_correction_bias".to_string()));
         assert!(n.contains(&"lm_head.weight".to_string()));
@@ -175,7 +217,9 @@ mod tests {
         // MoE gate + bias + 4 experts x 3 + 3 shared = 17
         assert_eq!(n.len(), 3 + (9 + 3) + 2 * (9 + 17));
 
-        let q = cfg(r#","quantization_config":{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[4,4]},"tie_word_embeddings":true"#);
+        let q = cfg(
+            r#","quantization_config":{"quant_method":"fp8","fmt":"e4m3","weight_block_size":[4,4]},"tie_word_embeddings":true"#,
+        );
         let n = expected_tensor_names(&q);
         assert!(!n.contains(&"lm_head.weight".to_string()));
         assert!(n.contains(&"model.layers.1.self_attn.kv_b_proj.weight_scale_inv".to_string()));

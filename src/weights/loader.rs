@@ -21,7 +21,10 @@ use crate::kernels::{Matrix, WeightBuf};
 fn borrow_as<T: Copy + Send + Sync + 'static>(v: &TensorView<'_>) -> Option<WeightBuf<T>> {
     let size = std::mem::size_of::<T>();
     let p = v.data.as_ptr();
-    if cfg!(target_endian = "little") && (p as usize) % std::mem::align_of::<T>() == 0 && v.data.len() % size == 0 {
+    if cfg!(target_endian = "little")
+        && (p as usize) % std::mem::align_of::<T>() == 0
+        && v.data.len() % size == 0
+    {
         // SAFETY: aligned, in bounds of the shard (validated at open), immutable, and kept alive
         // by `owner`; T is a plain number type for which every bit pattern is valid.
         Some(unsafe { WeightBuf::borrowed(v.owner.clone(), p as *const T, v.data.len() / size) })
@@ -55,12 +58,21 @@ impl<'a> Loader<'a> {
     }
 
     fn view(&self, name: &str, shape: &[usize]) -> Result<TensorView<'a>> {
-        let v = self.store.get(name).ok_or_else(|| Error::tensor(name, "missing"))?;
+        let v = self
+            .store
+            .get(name)
+            .ok_or_else(|| Error::tensor(name, "missing"))?;
         if v.shape != shape {
-            return Err(Error::tensor(name, format!("expected shape {shape:?}, found {:?}", v.shape)));
+            return Err(Error::tensor(
+                name,
+                format!("expected shape {shape:?}, found {:?}", v.shape),
+            ));
         }
         if let DType::Other(d) = &v.dtype {
-            return Err(Error::tensor(name, format!("expected dtype one of {FLOAT_DTYPES}, found {d}")));
+            return Err(Error::tensor(
+                name,
+                format!("expected dtype one of {FLOAT_DTYPES}, found {d}"),
+            ));
         }
         Ok(v)
     }
@@ -69,16 +81,23 @@ impl<'a> Loader<'a> {
     /// [ceil(rows / block_rows), ceil(cols / block_cols)].
     fn scales(&self, name: &str, rows: usize, cols: usize) -> Result<(WeightBuf<f32>, Fp8Quant)> {
         let q = self.quant.ok_or_else(|| {
-            Error::tensor(name, "stored as f8_e4m3 but config.json has no fp8 quantization_config")
+            Error::tensor(
+                name,
+                "stored as f8_e4m3 but config.json has no fp8 quantization_config",
+            )
         })?;
         let sname = scale_inv_name(name);
         let shape = [rows.div_ceil(q.block_rows), cols.div_ceil(q.block_cols)];
         let s = self.view(&sname, &shape)?;
         if s.dtype != DType::F32 {
-            return Err(Error::tensor(sname, format!("expected dtype f32, found {}", s.dtype)));
+            return Err(Error::tensor(
+                sname,
+                format!("expected dtype f32, found {}", s.dtype),
+            ));
         }
         // [ceil(rows/br), ceil(cols/bc)]
-        let v = borrow_as::<f32>(&s).unwrap_or_else(|| decode_to_f32(&s.dtype, s.data).expect("f32 decodes").into());
+        let v = borrow_as::<f32>(&s)
+            .unwrap_or_else(|| decode_to_f32(&s.dtype, s.data).expect("f32 decodes").into());
         Ok((v, q))
     }
 
@@ -90,17 +109,25 @@ impl<'a> Loader<'a> {
             DType::F32 => Matrix::from_f32(
                 rows,
                 cols,
-                borrow_as::<f32>(&v).unwrap_or_else(|| decode_to_f32(&v.dtype, v.data).expect("float").into()),
+                borrow_as::<f32>(&v)
+                    .unwrap_or_else(|| decode_to_f32(&v.dtype, v.data).expect("float").into()),
             ),
             DType::F16 => Matrix::from_f16(
                 rows,
                 cols,
-                borrow_as::<half::f16>(&v)
-                    .unwrap_or_else(|| copy_u16(v.data).into_iter().map(half::f16::from_bits).collect::<Vec<_>>().into()),
+                borrow_as::<half::f16>(&v).unwrap_or_else(|| {
+                    copy_u16(v.data)
+                        .into_iter()
+                        .map(half::f16::from_bits)
+                        .collect::<Vec<_>>()
+                        .into()
+                }),
             ),
-            DType::BF16 => {
-                Matrix::from_bf16(rows, cols, borrow_as::<u16>(&v).unwrap_or_else(|| copy_u16(v.data).into()))
-            }
+            DType::BF16 => Matrix::from_bf16(
+                rows,
+                cols,
+                borrow_as::<u16>(&v).unwrap_or_else(|| copy_u16(v.data).into()),
+            ),
             DType::F8E4M3 => {
                 let (scale_inv, q) = self.scales(name, rows, cols)?;
                 let data = borrow_as::<u8>(&v).expect("bytes are always aligned");
@@ -115,7 +142,10 @@ impl<'a> Loader<'a> {
     pub fn vector_f32(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let v = self.view(name, &[len])?;
         if v.dtype == DType::F8E4M3 {
-            return Err(Error::tensor(name, "expected dtype one of f32/bf16/f16, found f8_e4m3"));
+            return Err(Error::tensor(
+                name,
+                "expected dtype one of f32/bf16/f16, found f8_e4m3",
+            ));
         }
         Ok(decode_to_f32(&v.dtype, v.data).expect("float")) // [len]
     }

@@ -47,30 +47,46 @@ pub fn is_quantizable(name: &str) -> bool {
 }
 
 fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Io { path: path.to_path_buf(), source: e }
+    Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
 }
 
 /// Quantise the checkpoint in `src` into a new directory `dst` (created; must not be `src`).
 pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeReport> {
     if block == 0 || block % 8 != 0 {
-        return Err(Error::InvalidArgument(format!("quantize: block size {block} must be a positive multiple of 8")));
+        return Err(Error::InvalidArgument(format!(
+            "quantize: block size {block} must be a positive multiple of 8"
+        )));
     }
     let cfg_path = src.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
-    let mut cfg: Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Config { field: "config.json".into(), msg: format!("{}: invalid JSON: {e}", cfg_path.display()) })?;
+    let mut cfg: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
+        field: "config.json".into(),
+        msg: format!("{}: invalid JSON: {e}", cfg_path.display()),
+    })?;
     if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
-        return Err(Error::InvalidArgument(format!("quantize: {} is already quantised", src.display())));
+        return Err(Error::InvalidArgument(format!(
+            "quantize: {} is already quantised",
+            src.display()
+        )));
     }
     if src.canonicalize().ok() == dst.canonicalize().ok() && dst.exists() {
-        return Err(Error::InvalidArgument("quantize: --out must differ from --model".into()));
+        return Err(Error::InvalidArgument(
+            "quantize: --out must differ from --model".into(),
+        ));
     }
     std::fs::create_dir_all(dst).map_err(|e| io(dst, e))?;
     let shards = shard_files(src)?;
     let mut report = QuantizeReport::default();
     let mut weight_map = BTreeMap::new(); // tensor -> shard file name
     for shard in &shards {
-        let fname = shard.file_name().expect("file").to_string_lossy().to_string();
+        let fname = shard
+            .file_name()
+            .expect("file")
+            .to_string_lossy()
+            .to_string();
         let store = WeightStore::open(WeightSource::File(shard.clone()))?;
         let mut out: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
         for name in store.names() {
@@ -84,10 +100,20 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
                 let sname = super::scale_inv_name(name);
                 let sb: Vec<u8> = s.iter().flat_map(|x| x.to_le_bytes()).collect();
                 out.push((name.to_string(), DType::F8E4M3, vec![rows, cols], q));
-                out.push((sname, DType::F32, vec![rows.div_ceil(block), cols.div_ceil(block)], sb));
+                out.push((
+                    sname,
+                    DType::F32,
+                    vec![rows.div_ceil(block), cols.div_ceil(block)],
+                    sb,
+                ));
                 report.quantized += 1;
             } else {
-                out.push((name.to_string(), v.dtype.clone(), v.shape.to_vec(), v.data.to_vec()));
+                out.push((
+                    name.to_string(),
+                    v.dtype.clone(),
+                    v.shape.to_vec(),
+                    v.data.to_vec(),
+                ));
                 report.kept += 1;
             }
         }
@@ -102,7 +128,8 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
         let total: usize = report.bytes_out;
         let idx = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
         let p = dst.join("model.safetensors.index.json");
-        std::fs::write(&p, serde_json::to_string_pretty(&idx).expect("json")).map_err(|e| io(&p, e))?;
+        std::fs::write(&p, serde_json::to_string_pretty(&idx).expect("json"))
+            .map_err(|e| io(&p, e))?;
     }
     // config.json with the quantization_config transformers / vLLM read for DeepSeek-V3 fp8.
     cfg["quantization_config"] = json!({
@@ -116,8 +143,13 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
     // Everything else (tokenizer, generation config, model card) as it is.
     for e in std::fs::read_dir(src).map_err(|e| io(src, e))? {
         let path = e.map_err(|e| io(src, e))?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-        let skip = name == "config.json" || name.ends_with(".safetensors") || name == "model.safetensors.index.json";
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let skip = name == "config.json"
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json";
         if path.is_file() && !skip {
             std::fs::copy(&path, dst.join(&name)).map_err(|e| io(&path, e))?;
         }
@@ -130,17 +162,26 @@ fn shard_files(src: &Path) -> Result<Vec<PathBuf>> {
     let index = src.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
-        let v: Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Safetensors { path: index.display().to_string(), msg: format!("invalid JSON: {e}") })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| Error::Safetensors {
+            path: index.display().to_string(),
+            msg: format!("invalid JSON: {e}"),
+        })?;
         let mut files: Vec<String> = v
             .get("weight_map")
             .and_then(|m| m.as_object())
-            .map(|m| m.values().filter_map(|f| f.as_str().map(str::to_string)).collect())
+            .map(|m| {
+                m.values()
+                    .filter_map(|f| f.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default();
         files.sort();
         files.dedup();
         if files.iter().any(|f| Path::new(f).components().count() != 1) {
-            return Err(Error::Safetensors { path: index.display().to_string(), msg: "weight_map names a path, not a file".into() });
+            return Err(Error::Safetensors {
+                path: index.display().to_string(),
+                msg: "weight_map names a path, not a file".into(),
+            });
         }
         return Ok(files.into_iter().map(|f| src.join(f)).collect());
     }
@@ -155,7 +196,10 @@ fn shard_files(src: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     v.sort();
     if v.is_empty() {
-        return Err(Error::Safetensors { path: src.display().to_string(), msg: "no safetensors files".into() });
+        return Err(Error::Safetensors {
+            path: src.display().to_string(),
+            msg: "no safetensors files".into(),
+        });
     }
     Ok(v)
 }
@@ -167,14 +211,23 @@ pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize, b: usize) -> (Vec<u8
     let mut q = vec![0u8; rows * cols];
     for bi in 0..sr {
         for bj in 0..sc {
-            let (r0, r1, c0, c1) = (bi * b, ((bi + 1) * b).min(rows), bj * b, ((bj + 1) * b).min(cols));
+            let (r0, r1, c0, c1) = (
+                bi * b,
+                ((bi + 1) * b).min(rows),
+                bj * b,
+                ((bj + 1) * b).min(cols),
+            );
             let mut amax = 0f32;
             for r in r0..r1 {
                 for &x in &w[r * cols + c0..r * cols + c1] {
                     amax = amax.max(x.abs());
                 }
             }
-            let s = if amax > 0.0 && amax.is_finite() { amax / FP8_MAX } else { 1.0 };
+            let s = if amax > 0.0 && amax.is_finite() {
+                amax / FP8_MAX
+            } else {
+                1.0
+            };
             scales[bi * sc + bj] = s;
             for r in r0..r1 {
                 for c in c0..c1 {
@@ -187,7 +240,10 @@ pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize, b: usize) -> (Vec<u8
 }
 
 fn write_safetensors(path: &Path, tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<()> {
-    let st = |e: safetensors::SafeTensorError| Error::Safetensors { path: path.display().to_string(), msg: e.to_string() };
+    let st = |e: safetensors::SafeTensorError| Error::Safetensors {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    };
     let mut views = Vec::with_capacity(tensors.len());
     for (name, dt, shape, data) in tensors {
         let d = match dt {
@@ -196,10 +252,16 @@ fn write_safetensors(path: &Path, tensors: &[(String, DType, Vec<usize>, Vec<u8>
             DType::F16 => safetensors::Dtype::F16,
             DType::F8E4M3 => safetensors::Dtype::F8_E4M3,
             DType::Other(o) => {
-                return Err(Error::Safetensors { path: path.display().to_string(), msg: format!("tensor `{name}`: cannot re-write dtype {o}") })
+                return Err(Error::Safetensors {
+                    path: path.display().to_string(),
+                    msg: format!("tensor `{name}`: cannot re-write dtype {o}"),
+                })
             }
         };
-        views.push((name.clone(), safetensors::tensor::TensorView::new(d, shape.clone(), data).map_err(st)?));
+        views.push((
+            name.clone(),
+            safetensors::tensor::TensorView::new(d, shape.clone(), data).map_err(st)?,
+        ));
     }
     safetensors::serialize_to_file(views, None, path).map_err(st)
 }

@@ -90,7 +90,14 @@ pub struct WeightStore {
 impl std::fmt::Debug for WeightStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WeightStore")
-            .field("shards", &self.shards.iter().map(|s| s.path.as_str()).collect::<Vec<_>>())
+            .field(
+                "shards",
+                &self
+                    .shards
+                    .iter()
+                    .map(|s| s.path.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .field("tensors", &self.tensors.len())
             .field("total_bytes", &self.total_bytes)
             .finish()
@@ -98,11 +105,17 @@ impl std::fmt::Debug for WeightStore {
 }
 
 fn st_err(path: impl Into<String>, msg: impl Into<String>) -> Error {
-    Error::Safetensors { path: path.into(), msg: msg.into() }
+    Error::Safetensors {
+        path: path.into(),
+        msg: msg.into(),
+    }
 }
 
 fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Io { path: path.to_path_buf(), source: e }
+    Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
 }
 
 impl WeightStore {
@@ -116,7 +129,10 @@ impl WeightStore {
             }
             WeightSource::Bytes(b) => {
                 let mut s = Self::empty();
-                s.add_shard(Shard { path: "<bytes>".into(), backing: Arc::new(Backing::Bytes(b)) })?;
+                s.add_shard(Shard {
+                    path: "<bytes>".into(),
+                    backing: Arc::new(Backing::Bytes(b)),
+                })?;
                 Ok(s)
             }
         }
@@ -159,8 +175,8 @@ impl WeightStore {
     fn open_index(dir: &Path, index: &Path) -> Result<Self> {
         let ipath = index.display().to_string();
         let text = std::fs::read_to_string(index).map_err(|e| io_err(index, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| st_err(&ipath, format!("invalid JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| st_err(&ipath, format!("invalid JSON: {e}")))?;
         let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
             return Err(st_err(&ipath, "missing `weight_map` object"));
         };
@@ -168,13 +184,19 @@ impl WeightStore {
         let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, file) in map {
             let Some(file) = file.as_str() else {
-                return Err(st_err(&ipath, format!("weight_map[`{name}`] is not a file name")));
+                return Err(st_err(
+                    &ipath,
+                    format!("weight_map[`{name}`] is not a file name"),
+                ));
             };
             let plain = Path::new(file).components().count() == 1
                 && !matches!(file, "." | "..")
                 && !Path::new(file).is_absolute();
             if !plain {
-                return Err(st_err(&ipath, format!("weight_map[`{name}`] = {file:?} is not a plain file name")));
+                return Err(st_err(
+                    &ipath,
+                    format!("weight_map[`{name}`] = {file:?} is not a plain file name"),
+                ));
             }
             by_shard.entry(file).or_default().push(name);
         }
@@ -185,14 +207,20 @@ impl WeightStore {
         for (file, names) in &by_shard {
             let p = dir.join(file);
             if !p.is_file() {
-                return Err(st_err(&ipath, format!("shard {file:?} named in weight_map does not exist")));
+                return Err(st_err(
+                    &ipath,
+                    format!("shard {file:?} named in weight_map does not exist"),
+                ));
             }
             let shard_idx = s.shards.len();
             let shard_path = p.display().to_string();
             s.add_shard(map_file(&p)?)?;
             for n in names {
                 if s.tensors.get(*n).map(|e| e.shard) != Some(shard_idx) {
-                    return Err(st_err(&shard_path, format!("tensor `{n}` listed in the index is not in this shard")));
+                    return Err(st_err(
+                        &shard_path,
+                        format!("tensor `{n}` listed in the index is not in this shard"),
+                    ));
                 }
             }
         }
@@ -200,7 +228,11 @@ impl WeightStore {
     }
 
     fn empty() -> Self {
-        WeightStore { shards: Vec::new(), tensors: BTreeMap::new(), total_bytes: 0 }
+        WeightStore {
+            shards: Vec::new(),
+            tensors: BTreeMap::new(),
+            total_bytes: 0,
+        }
     }
 
     /// Validate a shard's header and index its tensors.
@@ -210,11 +242,17 @@ impl WeightStore {
         let path = shard.path.as_str();
         let len = bytes.len();
         if len < 8 {
-            return Err(st_err(path, format!("truncated: {len} bytes, shorter than the 8-byte header length")));
+            return Err(st_err(
+                path,
+                format!("truncated: {len} bytes, shorter than the 8-byte header length"),
+            ));
         }
         let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
         if n > (len - 8) as u64 {
-            return Err(st_err(path, format!("header length {n} runs past the end of the file ({len} bytes)")));
+            return Err(st_err(
+                path,
+                format!("header length {n} runs past the end of the file ({len} bytes)"),
+            ));
         }
         let (n, meta) = SafeTensors::read_metadata(bytes).map_err(|e| st_err(path, describe(e)))?;
         let base = 8 + n;
@@ -222,13 +260,27 @@ impl WeightStore {
             let (s, e) = info.data_offsets;
             let (start, end) = match (base.checked_add(s), base.checked_add(e)) {
                 (Some(a), Some(b)) if a <= b && b <= len => (a, b),
-                _ => return Err(st_err(path, format!("tensor `{name}`: data offsets out of range"))),
+                _ => {
+                    return Err(st_err(
+                        path,
+                        format!("tensor `{name}`: data offsets out of range"),
+                    ))
+                }
             };
             if self.tensors.contains_key(&name) {
-                return Err(st_err(path, format!("tensor `{name}` also appears in another shard")));
+                return Err(st_err(
+                    path,
+                    format!("tensor `{name}` also appears in another shard"),
+                ));
             }
             self.total_bytes += end - start;
-            let entry = Entry { shard: idx, dtype: DType::from_safetensors(info.dtype), shape: info.shape.clone(), start, end };
+            let entry = Entry {
+                shard: idx,
+                dtype: DType::from_safetensors(info.dtype),
+                shape: info.shape.clone(),
+                start,
+                end,
+            };
             self.tensors.insert(name, entry);
         }
         self.shards.push(shard);
@@ -241,7 +293,13 @@ impl WeightStore {
         let shard = &self.shards[e.shard];
         let data = &shard.bytes()[e.start..e.end];
         let owner: Arc<dyn Any + Send + Sync> = shard.backing.clone();
-        Some(TensorView { name: k.as_str(), dtype: e.dtype.clone(), shape: &e.shape, data, owner })
+        Some(TensorView {
+            name: k.as_str(),
+            dtype: e.dtype.clone(),
+            shape: &e.shape,
+            data,
+            owner,
+        })
     }
 
     /// Every stored tensor name, in sorted order.
@@ -281,21 +339,35 @@ fn map_file(p: &Path) -> Result<Shard> {
         let _ = m.advise(memmap2::Advice::WillNeed);
         Backing::Mmap(m)
     };
-    Ok(Shard { path, backing: Arc::new(backing) })
+    Ok(Shard {
+        path,
+        backing: Arc::new(backing),
+    })
 }
 
 fn describe(e: SafeTensorError) -> String {
     match e {
-        SafeTensorError::HeaderTooSmall => "truncated: shorter than the 8-byte header length".into(),
-        SafeTensorError::InvalidHeaderLength => "header length runs past the end of the file".into(),
+        SafeTensorError::HeaderTooSmall => {
+            "truncated: shorter than the 8-byte header length".into()
+        }
+        SafeTensorError::InvalidHeaderLength => {
+            "header length runs past the end of the file".into()
+        }
         SafeTensorError::HeaderTooLarge => "header length over 100 MB".into(),
         SafeTensorError::InvalidHeader(u) => format!("header is not UTF-8: {u}"),
-        SafeTensorError::InvalidHeaderDeserialization(j) => format!("header is not valid safetensors JSON: {j}"),
-        SafeTensorError::MetadataIncompleteBuffer => {
-            "data section size does not match the header's offsets (truncated or trailing bytes)".into()
+        SafeTensorError::InvalidHeaderDeserialization(j) => {
+            format!("header is not valid safetensors JSON: {j}")
         }
-        SafeTensorError::InvalidOffset(n) => format!("tensor `{n}`: offsets overlap or leave a gap"),
-        SafeTensorError::TensorInvalidInfo => "a tensor's byte size does not match its shape and dtype".into(),
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "data section size does not match the header's offsets (truncated or trailing bytes)"
+                .into()
+        }
+        SafeTensorError::InvalidOffset(n) => {
+            format!("tensor `{n}`: offsets overlap or leave a gap")
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's byte size does not match its shape and dtype".into()
+        }
         other => other.to_string(),
     }
 }

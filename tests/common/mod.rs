@@ -23,13 +23,24 @@ pub fn golden_dirs() -> Vec<PathBuf> {
 
 /// Reference prompts (token ids) and full-forward logits [len, vocab] of a golden fixture.
 pub fn golden_reference(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>)> {
-    let st = WeightStore::open(WeightSource::File(dir.join("reference.safetensors"))).expect("reference");
+    let st = WeightStore::open(WeightSource::File(dir.join("reference.safetensors")))
+        .expect("reference");
     let mut out = Vec::new();
     for i in 0.. {
-        let Some(p) = st.get(&format!("prompt_{i}")) else { break };
-        let ids: Vec<u32> = p.data.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect();
+        let Some(p) = st.get(&format!("prompt_{i}")) else {
+            break;
+        };
+        let ids: Vec<u32> = p
+            .data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect();
         let l = st.get(&format!("logits_full_{i}")).expect("logits");
-        let logits: Vec<f32> = l.data.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+        let logits: Vec<f32> = l
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
         out.push((ids, logits));
     }
     out
@@ -42,7 +53,13 @@ pub fn kv_for(model: &Model, dtype: KvDtype, num_blocks: usize) -> KvCache {
 
 /// Run `tokens` through the model in chunks of the given sizes (all through the path chosen by
 /// `mha_until`), returning the logits of every position [len, vocab].
-pub fn run_chunked(model: &Model, kv: &mut KvCache, tokens: &[u32], chunk: usize, mha_until: usize) -> Vec<f32> {
+pub fn run_chunked(
+    model: &Model,
+    kv: &mut KvCache,
+    tokens: &[u32],
+    chunk: usize,
+    mha_until: usize,
+) -> Vec<f32> {
     let mut seq = SeqKv::new();
     let mut out = Vec::new();
     let mut pos = 0;
@@ -51,7 +68,16 @@ pub fn run_chunked(model: &Model, kv: &mut KvCache, tokens: &[u32], chunk: usize
         let plan = kv.plan_grow(&seq, end).unwrap();
         kv.commit_grow(&mut seq, plan);
         let l = model
-            .forward(kv, &[SeqChunk { kv: &seq, start: pos, tokens: &tokens[pos..end], mha_until, logits: LogitsMode::All }])
+            .forward(
+                kv,
+                &[SeqChunk {
+                    kv: &seq,
+                    start: pos,
+                    tokens: &tokens[pos..end],
+                    mha_until,
+                    logits: LogitsMode::All,
+                }],
+            )
             .unwrap();
         out.extend_from_slice(&l);
         kv.set_len(&mut seq, end);
@@ -63,9 +89,15 @@ pub fn run_chunked(model: &Model, kv: &mut KvCache, tokens: &[u32], chunk: usize
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
 }

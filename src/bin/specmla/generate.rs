@@ -104,13 +104,20 @@ pub fn draft_source(s: &str) -> DraftSource {
 
 /// `--isa` value to an engine setting (None = best available); unknown names are an error.
 pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
-    specmla::kernels::IsaLevel::parse(s)
-        .ok_or_else(|| Error::InvalidArgument(format!("--isa: unknown `{s}` (auto, portable, avx2, avx512)")))
+    specmla::kernels::IsaLevel::parse(s).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "--isa: unknown `{s}` (auto, portable, avx2, avx512)"
+        ))
+    })
 }
 
 pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
-    let draft_kv_dtype = if a.draft_kv_dtype == "auto" { None } else { Some(KvDtype::parse(&a.draft_kv_dtype)?) };
+    let draft_kv_dtype = if a.draft_kv_dtype == "auto" {
+        None
+    } else {
+        Some(KvDtype::parse(&a.draft_kv_dtype)?)
+    };
     Ok(EngineConfig {
         threads: a.threads,
         kv_dtype,
@@ -121,30 +128,53 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         max_batch_tokens: a.max_batch_tokens,
         max_running: a.max_running,
         prefix_cache: !a.no_prefix_cache,
-        spec: if a.adaptive { SpecMode::Adaptive { k_max: a.num_draft_tokens } } else { SpecMode::Fixed(a.num_draft_tokens) },
+        spec: if a.adaptive {
+            SpecMode::Adaptive {
+                k_max: a.num_draft_tokens,
+            }
+        } else {
+            SpecMode::Fixed(a.num_draft_tokens)
+        },
         isa: parse_isa(&a.isa)?,
     })
 }
 
 pub fn build_requests(a: &GenerateArgs) -> Result<Vec<Request>> {
     let budget = match a.reasoning_budget {
-        Some(b) if b < 0 => return Err(Error::InvalidArgument(format!("--reasoning-budget must be >= 0, got {b}"))),
+        Some(b) if b < 0 => {
+            return Err(Error::InvalidArgument(format!(
+                "--reasoning-budget must be >= 0, got {b}"
+            )))
+        }
         b => b.map(|b| b as usize),
     };
     let mut prompts: Vec<Prompt> = a.prompt.iter().map(|p| Prompt::Text(p.clone())).collect();
     if let Some(f) = &a.prompts_file {
-        let text = std::fs::read_to_string(f).map_err(|e| Error::Io { path: f.clone(), source: e })?;
-        prompts.extend(text.lines().filter(|l| !l.trim().is_empty()).map(|l| Prompt::Text(l.to_string())));
+        let text = std::fs::read_to_string(f).map_err(|e| Error::Io {
+            path: f.clone(),
+            source: e,
+        })?;
+        prompts.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| Prompt::Text(l.to_string())),
+        );
     }
     if let Some(ids) = &a.token_ids {
         let ids = ids
             .split(',')
-            .map(|s| s.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("bad token id `{s}`"))))
+            .map(|s| {
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| Error::InvalidArgument(format!("bad token id `{s}`")))
+            })
             .collect::<Result<Vec<_>>>()?;
         prompts.push(Prompt::Tokens(ids));
     }
     if prompts.is_empty() {
-        return Err(Error::InvalidArgument("give --prompt, --prompts-file or --token-ids".into()));
+        return Err(Error::InvalidArgument(
+            "give --prompt, --prompts-file or --token-ids".into(),
+        ));
     }
     let sampling = SamplingParams {
         temperature: a.temperature,
@@ -161,7 +191,10 @@ pub fn build_requests(a: &GenerateArgs) -> Result<Vec<Request>> {
         .enumerate()
         .map(|(i, p)| {
             let mut r = Request::new(p);
-            r.sampling = SamplingParams { seed: sampling.seed.wrapping_add(i as u64), ..sampling.clone() };
+            r.sampling = SamplingParams {
+                seed: sampling.seed.wrapping_add(i as u64),
+                ..sampling.clone()
+            };
             r.reasoning_budget = budget;
             r.logprobs = a.logprobs;
             r
@@ -174,8 +207,12 @@ fn parse_swaps(a: &GenerateArgs) -> Result<Vec<(u64, DraftSource)>> {
         .swap_draft_after
         .iter()
         .map(|s| {
-            let (n, d) = s.split_once('=').ok_or_else(|| Error::InvalidArgument(format!("--swap-draft-after wants N=DIR, got `{s}`")))?;
-            let n = n.parse::<u64>().map_err(|_| Error::InvalidArgument(format!("bad step count in `{s}`")))?;
+            let (n, d) = s.split_once('=').ok_or_else(|| {
+                Error::InvalidArgument(format!("--swap-draft-after wants N=DIR, got `{s}`"))
+            })?;
+            let n = n
+                .parse::<u64>()
+                .map_err(|_| Error::InvalidArgument(format!("bad step count in `{s}`")))?;
             Ok((n, draft_source(d)))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -244,7 +281,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let c = engine.request_counters(*id)?;
         let (text, toks, lps, fin) = &outs[i];
         if a.json {
-            let mut v = json!({"text": text, "token_ids": toks, "finish_reason": fin, "counters": c});
+            let mut v =
+                json!({"text": text, "token_ids": toks, "finish_reason": fin, "counters": c});
             if a.logprobs {
                 v["logprobs"] = json!(lps);
             }

@@ -12,7 +12,11 @@ mod score;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "specmla", version, about = "DeepSeek MLA inference with lossless speculative decoding and a reasoning budget")]
+#[command(
+    name = "specmla",
+    version,
+    about = "DeepSeek MLA inference with lossless speculative decoding and a reasoning budget"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -34,10 +34,19 @@ pub fn run(a: ScoreArgs) -> Result<()> {
     let model = Model::load_dir(&a.model)?;
     let tok = Tokenizer::from_model_dir(&a.model)?;
     let ids: Vec<u32> = match (&a.text, &a.token_ids) {
-        (Some(t), _) => tok.as_ref().ok_or_else(|| Error::NoTokenizer("--text needs tokenizer.json; use --token-ids".into()))?.encode(t, false)?,
+        (Some(t), _) => tok
+            .as_ref()
+            .ok_or_else(|| {
+                Error::NoTokenizer("--text needs tokenizer.json; use --token-ids".into())
+            })?
+            .encode(t, false)?,
         (None, Some(s)) => s
             .split(',')
-            .map(|x| x.trim().parse::<u32>().map_err(|_| Error::InvalidArgument(format!("bad token id `{x}`"))))
+            .map(|x| {
+                x.trim()
+                    .parse::<u32>()
+                    .map_err(|_| Error::InvalidArgument(format!("bad token id `{x}`")))
+            })
             .collect::<Result<_>>()?,
         _ => return Err(Error::InvalidArgument("give --text or --token-ids".into())),
     };
@@ -54,8 +63,17 @@ pub fn run(a: ScoreArgs) -> Result<()> {
                 v["logprobs"] = json!(lp);
             } else {
                 let mut idx: Vec<usize> = (0..lp.len()).collect();
-                idx.sort_by(|&x, &y| lp[y].partial_cmp(&lp[x]).unwrap_or(std::cmp::Ordering::Equal).then(x.cmp(&y)));
-                v["top"] = json!(idx.iter().take(a.top_k).map(|&j| json!({"id": j, "token": name(j), "logprob": lp[j]})).collect::<Vec<_>>());
+                idx.sort_by(|&x, &y| {
+                    lp[y]
+                        .partial_cmp(&lp[x])
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then(x.cmp(&y))
+                });
+                v["top"] = json!(idx
+                    .iter()
+                    .take(a.top_k)
+                    .map(|&j| json!({"id": j, "token": name(j), "logprob": lp[j]}))
+                    .collect::<Vec<_>>());
             }
             v
         })

@@ -20,7 +20,13 @@ const G_TOKEN_BLOCK: usize = 48;
 
 impl Job<'_> {
     #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub(super) unsafe fn row_block_avx512(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+    pub(super) unsafe fn row_block_avx512(
+        &self,
+        wr0: usize,
+        r0: usize,
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) {
         if self.n <= DIRECT_MAX_TOKENS {
             self.direct_avx512(wr0, r0, out, s)
         } else {
@@ -72,7 +78,9 @@ impl Job<'_> {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
                             go!(p, half::f16; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
                         }
-                        WRef::Fp8 { data, block_cols, .. } => {
+                        WRef::Fp8 {
+                            data, block_cols, ..
+                        } => {
                             let p = data.as_ptr().add((wr0 + i0) * cols);
                             let bch = block_cols / LANES;
                             let ncb = cols.div_ceil(block_cols);

@@ -47,7 +47,12 @@ pub(crate) enum WRef<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
     F16(&'a [half::f16]),
-    Fp8 { data: &'a [u8], scale_inv: &'a [f32], block_rows: usize, block_cols: usize },
+    Fp8 {
+        data: &'a [u8],
+        scale_inv: &'a [f32],
+        block_rows: usize,
+        block_cols: usize,
+    },
 }
 
 impl<'a> WRef<'a> {
@@ -56,9 +61,17 @@ impl<'a> WRef<'a> {
             MatrixData::F32(v) => WRef::F32(v),
             MatrixData::Bf16(v) => WRef::Bf16(v),
             MatrixData::F16(v) => WRef::F16(v),
-            MatrixData::Fp8 { data, scale_inv, block_rows, block_cols } => {
-                WRef::Fp8 { data, scale_inv, block_rows: *block_rows, block_cols: *block_cols }
-            }
+            MatrixData::Fp8 {
+                data,
+                scale_inv,
+                block_rows,
+                block_cols,
+            } => WRef::Fp8 {
+                data,
+                scale_inv,
+                block_rows: *block_rows,
+                block_cols: *block_cols,
+            },
         }
     }
 }
@@ -90,13 +103,25 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
         let wr = WRef::of(w);
         check_fp8_shape(wr, w.rows, w.cols);
         work += w.rows * w.cols;
-        jobs.push(Job { isa, w: wr, cols: w.cols, x, n: 1, rb: ROW_BLOCK_GEMV, xpack: &[] });
+        jobs.push(Job {
+            isa,
+            w: wr,
+            cols: w.cols,
+            x,
+            n: 1,
+            rb: ROW_BLOCK_GEMV,
+            xpack: &[],
+        });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
         }
     }
     if tasks.len() > 1 && super::worth_parallel(work) {
-        tasks.into_par_iter().for_each_init(Scratch::default, |s, (i, r0, o)| jobs[i].row_block(r0, o, s));
+        tasks
+            .into_par_iter()
+            .for_each_init(Scratch::default, |s, (i, r0, o)| {
+                jobs[i].row_block(r0, o, s)
+            });
     } else {
         let mut s = Scratch::default();
         for (i, r0, o) in tasks {
@@ -108,9 +133,19 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
 /// fp8 weights: positive block sizes, [rows, cols] bytes and the matching scale grid
 /// (internal invariant: `Matrix::from_fp8` and the loader already guarantee it).
 fn check_fp8_shape(w: WRef<'_>, rows: usize, cols: usize) {
-    if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = w {
+    if let WRef::Fp8 {
+        data,
+        scale_inv,
+        block_rows,
+        block_cols,
+    } = w
+    {
         assert!(block_rows > 0 && block_cols > 0, "matmul: fp8 block size 0");
-        assert_eq!(data.len(), rows * cols, "matmul: fp8 data is not [rows, cols]");
+        assert_eq!(
+            data.len(),
+            rows * cols,
+            "matmul: fp8 data is not [rows, cols]"
+        );
         let want = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
         assert_eq!(scale_inv.len(), want, "matmul: fp8 scale_inv shape");
     }
@@ -137,11 +172,23 @@ pub(crate) fn matmul_with(
         // is computed exactly as in one call.
         for t0 in (0..n).step_by(CALL_TOKEN_CHUNK) {
             let m = CALL_TOKEN_CHUNK.min(n - t0);
-            matmul_with(isa, w, rows, cols, &x[t0 * cols..(t0 + m) * cols], m, &mut y[t0 * rows..(t0 + m) * rows]);
+            matmul_with(
+                isa,
+                w,
+                rows,
+                cols,
+                &x[t0 * cols..(t0 + m) * cols],
+                m,
+                &mut y[t0 * rows..(t0 + m) * rows],
+            );
         }
         return;
     }
-    let rb = if n == 1 { ROW_BLOCK_GEMV } else { ROW_BLOCK_GEMM };
+    let rb = if n == 1 {
+        ROW_BLOCK_GEMV
+    } else {
+        ROW_BLOCK_GEMM
+    };
     let parallel = rows > rb && super::worth_parallel(rows * cols * n);
     // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
     let mut xbuf = AlignedBuf::default();
@@ -150,7 +197,15 @@ pub(crate) fn matmul_with(
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
     }
     let xpack = xbuf.as_slice();
-    let job = Job { isa, w, cols, x, n, rb, xpack };
+    let job = Job {
+        isa,
+        w,
+        cols,
+        x,
+        n,
+        rb,
+        xpack,
+    };
     if n == 1 {
         job.run(y, parallel);
     } else {
@@ -213,7 +268,13 @@ impl Job<'_> {
     fn row_block(&self, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
-        if let WRef::Fp8 { data, scale_inv, block_rows, block_cols } = self.w {
+        if let WRef::Fp8 {
+            data,
+            scale_inv,
+            block_rows,
+            block_cols,
+        } = self.w
+        {
             let ncb = cols.div_ceil(block_cols);
             if block_cols % LANES != 0 {
                 // Odd fp8 blocks: the fixed order is the f32 one over the dequantised row.
@@ -227,7 +288,10 @@ impl Job<'_> {
                     }
                 }
                 let deq = std::mem::take(&mut s.deq);
-                let sub = Job { w: WRef::F32(&deq), ..*self };
+                let sub = Job {
+                    w: WRef::F32(&deq),
+                    ..*self
+                };
                 sub.row_block_at(0, r0, out, s);
                 s.deq = deq;
                 return;
@@ -317,9 +381,9 @@ impl Job<'_> {
                 WRef::F32(d) => d[wr * cols + k],
                 WRef::Bf16(d) => lanes::bf16_to_f32(d[wr * cols + k]),
                 WRef::F16(d) => d[wr * cols + k].to_f32(),
-                WRef::Fp8 { data, block_cols, .. } => {
-                    lanes::fp8_unscaled(data[wr * cols + k]) * sc256[k / block_cols]
-                }
+                WRef::Fp8 {
+                    data, block_cols, ..
+                } => lanes::fp8_unscaled(data[wr * cols + k]) * sc256[k / block_cols],
             };
             acc = wv.mul_add(xt[k], acc);
         }
@@ -342,15 +406,32 @@ impl Job<'_> {
     /// Panel GEMMs' epilogue for tokens [tb0, tb0 + nb): element (i, t) is the lane sum of
     /// `acc[(i * ne + t - tb0) * 8..]` ([rows, ne, 8]) plus its scalar tail.
     #[allow(clippy::too_many_arguments)]
-    fn finish_block(&self, acc: &[f32], ne: usize, wr0: usize, r0: usize, tb0: usize, nb: usize, out: &mut [f32], s256: &[f32]) {
+    fn finish_block(
+        &self,
+        acc: &[f32],
+        ne: usize,
+        wr0: usize,
+        r0: usize,
+        tb0: usize,
+        nb: usize,
+        out: &mut [f32],
+        s256: &[f32],
+    ) {
         let has_tail = self.cols % LANES != 0;
         for (i, orow) in out.chunks_exact_mut(self.n).enumerate() {
             let sc = self.fp8_scales(s256, r0, r0 + i);
             let acc_i = &acc[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]
-            for (a, (t, o)) in acc_i.chunks_exact(LANES).zip(orow.iter_mut().enumerate().skip(tb0).take(nb)) {
+            for (a, (t, o)) in acc_i
+                .chunks_exact(LANES)
+                .zip(orow.iter_mut().enumerate().skip(tb0).take(nb))
+            {
                 let a: &[f32; LANES] = a.try_into().expect("8 lanes");
                 let v = lanes::hsum8(a);
-                *o = if has_tail { self.tail(wr0 + i, sc, t, v) } else { v };
+                *o = if has_tail {
+                    self.tail(wr0 + i, sc, t, v)
+                } else {
+                    v
+                };
             }
         }
     }
@@ -359,7 +440,14 @@ impl Job<'_> {
     /// stride nc * 8); f32 weights are read in place. Returns (first row, row stride).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn decode_panel(&self, wr0: usize, c0: usize, nrows: usize, nc: usize, panel: &mut [f32]) -> (*const f32, usize) {
+    unsafe fn decode_panel(
+        &self,
+        wr0: usize,
+        c0: usize,
+        nrows: usize,
+        nc: usize,
+        panel: &mut [f32],
+    ) -> (*const f32, usize) {
         use super::simd::to_panel;
         let cols = self.cols;
         let off = wr0 * cols + c0 * LANES;
@@ -367,7 +455,9 @@ impl Job<'_> {
             WRef::F32(d) => return (d.as_ptr().add(off), cols),
             WRef::Bf16(d) => to_panel::<u16>(d.as_ptr().add(off), cols, nrows, nc, panel),
             WRef::F16(d) => to_panel::<half::f16>(d.as_ptr().add(off), cols, nrows, nc, panel),
-            WRef::Fp8 { data, .. } => to_panel::<u8>(data.as_ptr().add(off), cols, nrows, nc, panel),
+            WRef::Fp8 { data, .. } => {
+                to_panel::<u8>(data.as_ptr().add(off), cols, nrows, nc, panel)
+            }
         }
         (panel.as_ptr(), nc * LANES)
     }
@@ -421,14 +511,28 @@ impl Job<'_> {
                 }
                     match self.w {
                         // One token, full 8-row tiles: the prefetching GEMV tile.
-                        WRef::F32(d) if n == 1 && mr == 8 => {
-                            super::simd::gemv_prefetch::<f32, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
-                        }
-                        WRef::Bf16(d) if n == 1 && mr == 8 => {
-                            super::simd::gemv_prefetch::<u16, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
-                        }
+                        WRef::F32(d) if n == 1 && mr == 8 => super::simd::gemv_prefetch::<f32, 8>(
+                            d.as_ptr().add((wr0 + i0) * cols),
+                            cols,
+                            xp,
+                            nch,
+                            op,
+                        ),
+                        WRef::Bf16(d) if n == 1 && mr == 8 => super::simd::gemv_prefetch::<u16, 8>(
+                            d.as_ptr().add((wr0 + i0) * cols),
+                            cols,
+                            xp,
+                            nch,
+                            op,
+                        ),
                         WRef::F16(d) if n == 1 && mr == 8 => {
-                            super::simd::gemv_prefetch::<half::f16, 8>(d.as_ptr().add((wr0 + i0) * cols), cols, xp, nch, op)
+                            super::simd::gemv_prefetch::<half::f16, 8>(
+                                d.as_ptr().add((wr0 + i0) * cols),
+                                cols,
+                                xp,
+                                nch,
+                                op,
+                            )
                         }
                         WRef::F32(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
@@ -442,7 +546,9 @@ impl Job<'_> {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
                             go!(p, half::f16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
                         }
-                        WRef::Fp8 { data, block_cols, .. } => {
+                        WRef::Fp8 {
+                            data, block_cols, ..
+                        } => {
                             let p = data.as_ptr().add((wr0 + i0) * cols);
                             let bch = block_cols / LANES;
                             let ncb = cols.div_ceil(block_cols);

@@ -20,7 +20,9 @@ use specmla::model::Model;
 use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
-use super::random_model::{prefill_flops, token_costs, write_random_checkpoint, BenchModelSpec, ScratchDir};
+use super::random_model::{
+    prefill_flops, token_costs, write_random_checkpoint, BenchModelSpec, ScratchDir,
+};
 use super::{progress, random_tokens, table, tokenizer_of, BenchArgs, Section};
 
 /// Decode measurement of one batch size.
@@ -38,15 +40,28 @@ fn bytes_per_weight(m: &Model) -> usize {
     m.lm_head().bytes_per_weight()
 }
 
-pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches: &[usize]) -> Result<Section> {
+pub fn run(
+    a: &BenchArgs,
+    model_dir: Option<&Path>,
+    scratch_base: &Path,
+    batches: &[usize],
+) -> Result<Section> {
     let threads = a.threads.max(1);
     let prefill_len = a.prefill_len.unwrap_or(if a.quick { 128 } else { 512 });
     let decode_steps = a.decode_steps.unwrap_or(if a.quick { 6 } else { 24 });
     let warmup = if a.quick { 1 } else { 3 };
     let prefill_reps = if a.quick { 1 } else { 2 };
     let decode_prompt_len = if a.quick { 16 } else { 64 };
-    let more_prefills = super::parse_lengths(a.prefill_lens.as_deref(), if a.quick { &[] } else { &[2048] }, "prefill-lens")?;
-    let long_ctx = super::parse_lengths(a.long_contexts.as_deref(), if a.quick { &[] } else { &[2048, 8192] }, "long-contexts")?;
+    let more_prefills = super::parse_lengths(
+        a.prefill_lens.as_deref(),
+        if a.quick { &[] } else { &[2048] },
+        "prefill-lens",
+    )?;
+    let long_ctx = super::parse_lengths(
+        a.long_contexts.as_deref(),
+        if a.quick { &[] } else { &[2048, 8192] },
+        "long-contexts",
+    )?;
     let long_steps = if a.quick { 4 } else { 8 };
     let isa_level = crate::generate::parse_isa(&a.isa)?;
     let isa = specmla::engine::resolve_isa(isa_level)?;
@@ -67,9 +82,16 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let (scratch, dir) = match model_dir {
         Some(d) => (None, d.to_path_buf()),
         None => {
-            let spec = if a.quick { BenchModelSpec::quick() } else { BenchModelSpec::standard() };
+            let spec = if a.quick {
+                BenchModelSpec::quick()
+            } else {
+                BenchModelSpec::standard()
+            };
             let s = ScratchDir::new(scratch_base, "model");
-            progress(&format!("writing the random benchmark model to {}", s.0.display()));
+            progress(&format!(
+                "writing the random benchmark model to {}",
+                s.0.display()
+            ));
             write_random_checkpoint(&s.0, &spec.config_json(), a.seed)?;
             let d = s.0.clone();
             (Some(s), d)
@@ -94,7 +116,13 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let max_batch = batches.iter().copied().max().unwrap_or(1);
     let block_size = 16;
     let per_req = decode_prompt_len + 1 + warmup + decode_steps + 2;
-    let longest = more_prefills.iter().chain(&long_ctx).copied().chain([prefill_len]).max().unwrap_or(prefill_len);
+    let longest = more_prefills
+        .iter()
+        .chain(&long_ctx)
+        .copied()
+        .chain([prefill_len])
+        .max()
+        .unwrap_or(prefill_len);
     let num_blocks = (max_batch * per_req.div_ceil(block_size) + 8)
         .max((longest + 2 + warmup + long_steps).div_ceil(block_size) + 8);
     // One chunk per measured prefill; long-context prompts in chunks of at most 2048.
@@ -127,7 +155,12 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
         let mut best = f64::INFINITY;
         for rep in 0..prefill_reps {
             progress(&format!("prefill {len} tokens (rep {})", rep + 1));
-            let mut r = Request::new(Prompt::Tokens(random_tokens(len, vocab, lo, seed + rep as u64)));
+            let mut r = Request::new(Prompt::Tokens(random_tokens(
+                len,
+                vocab,
+                lo,
+                seed + rep as u64,
+            )));
             r.sampling.max_tokens = 1;
             r.sampling.ignore_eos = true;
             best = best.min(super::run_to_completion(&engine, vec![r])?.wall_s);
@@ -148,14 +181,34 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     let mut decodes = Vec::new();
     for (bi, &b) in batches.iter().enumerate() {
         progress(&format!("decode batch {b}: {decode_steps} steps"));
-        decodes.push(decode(&engine, b, decode_prompt_len, warmup, decode_steps, vocab, lo, a.seed + 1000 * (bi as u64 + 1))?);
+        decodes.push(decode(
+            &engine,
+            b,
+            decode_prompt_len,
+            warmup,
+            decode_steps,
+            vocab,
+            lo,
+            a.seed + 1000 * (bi as u64 + 1),
+        )?);
     }
 
     // ---- batch-1 decode at long context (one request, prompt of that length)
     let mut long_decodes = Vec::new();
     for (i, &ctx) in long_ctx.iter().enumerate() {
-        progress(&format!("decode at context {ctx}: prefill, then {long_steps} steps"));
-        long_decodes.push(decode(&engine, 1, ctx, 1, long_steps, vocab, lo, a.seed + 77_000 + i as u64)?);
+        progress(&format!(
+            "decode at context {ctx}: prefill, then {long_steps} steps"
+        ));
+        long_decodes.push(decode(
+            &engine,
+            1,
+            ctx,
+            1,
+            long_steps,
+            vocab,
+            lo,
+            a.seed + 77_000 + i as u64,
+        )?);
     }
     let rss = super::rss_bytes();
 
@@ -175,13 +228,21 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
     );
     text += &format!(
         "model: {} ({}), {} layers, {:.1}M params, {:.1}M active/token, {} bytes/weight; {}\n",
-        if model_dir.is_some() { dir.display().to_string() } else { "random benchmark model".into() },
+        if model_dir.is_some() {
+            dir.display().to_string()
+        } else {
+            "random benchmark model".into()
+        },
         c.model_type.as_str(),
         c.num_hidden_layers,
         model.num_params() as f64 / 1e6,
         costs.active_params as f64 / 1e6,
         wb,
-        if model_dir.is_some() { format!("loaded in {load_s:.1} s") } else { format!("written in {write_s:.1} s, loaded in {load_s:.1} s") }
+        if model_dir.is_some() {
+            format!("loaded in {load_s:.1} s")
+        } else {
+            format!("written in {write_s:.1} s, loaded in {load_s:.1} s")
+        }
     );
     text += &format!(
         "decode weight bytes/token: Model::decode_bytes_per_token {:.1} MB, config estimate {:.1} MB ({})\n",
@@ -228,7 +289,17 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
             ]
         })
         .collect();
-    text += &table(&["batch", "decode tok/s", "ms/step mean", "ms/step p50", "context", "steps"], &rows);
+    text += &table(
+        &[
+            "batch",
+            "decode tok/s",
+            "ms/step mean",
+            "ms/step p50",
+            "context",
+            "steps",
+        ],
+        &rows,
+    );
     if let Some((bytes, kv_read, frac)) = roof {
         let d = b1.expect("batch 1");
         let step = d.secs / d.steps as f64;
@@ -298,7 +369,11 @@ pub fn run(a: &BenchArgs, model_dir: Option<&Path>, scratch_base: &Path, batches
             "bytes_per_step": bytes, "kv_bytes_per_step": kv_read, "bandwidth_fraction": frac,
         })),
     });
-    Ok(Section { name: "engine", json, text })
+    Ok(Section {
+        name: "engine",
+        json,
+        text,
+    })
 }
 
 /// Run `b` requests to steady-state decode and time `steps` steps in which all of them decode.
@@ -315,7 +390,12 @@ fn decode(
 ) -> Result<DecodeResult> {
     let mut ids = Vec::with_capacity(b);
     for i in 0..b {
-        let mut r = Request::new(Prompt::Tokens(random_tokens(prompt_len, vocab, lo, seed + i as u64)));
+        let mut r = Request::new(Prompt::Tokens(random_tokens(
+            prompt_len,
+            vocab,
+            lo,
+            seed + i as u64,
+        )));
         r.sampling.max_tokens = 1 + warmup + steps;
         r.sampling.ignore_eos = true;
         ids.push(engine.submit(r)?);

@@ -116,10 +116,16 @@ pub fn progress(msg: &str) {
 pub fn parse_batches(s: &str) -> Result<Vec<usize>> {
     let v = s
         .split(',')
-        .map(|x| x.trim().parse::<usize>().map_err(|_| Error::InvalidArgument(format!("--batches: bad number `{x}`"))))
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| Error::InvalidArgument(format!("--batches: bad number `{x}`")))
+        })
         .collect::<Result<Vec<_>>>()?;
     if v.is_empty() || v.contains(&0) {
-        return Err(Error::InvalidArgument("--batches wants positive numbers".into()));
+        return Err(Error::InvalidArgument(
+            "--batches wants positive numbers".into(),
+        ));
     }
     Ok(v)
 }
@@ -133,7 +139,9 @@ pub fn parse_lengths(s: Option<&str>, default: &[usize], what: &str) -> Result<V
             .split(',')
             .map(|x| match x.trim().parse::<usize>() {
                 Ok(v) if v > 0 => Ok(v),
-                _ => Err(Error::InvalidArgument(format!("--{what}: bad length `{x}`"))),
+                _ => Err(Error::InvalidArgument(format!(
+                    "--{what}: bad length `{x}`"
+                ))),
             })
             .collect(),
     }
@@ -145,7 +153,11 @@ pub fn rss_bytes() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let field = |name: &str| -> Option<u64> {
         let line = s.lines().find(|l| l.starts_with(name))?;
-        line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+        line.split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|kb| kb * 1024)
     };
     Some((field("VmHWM:")?, field("VmRSS:")?))
 }
@@ -172,11 +184,21 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         }
     }
     let line = |cells: Vec<&str>| {
-        cells.iter().enumerate().map(|(i, c)| format!("{:>1$}", c, w[i])).collect::<Vec<_>>().join("  ")
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{:>1$}", c, w[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
     };
     let mut out = line(header.to_vec());
     out.push('\n');
-    out.push_str(&w.iter().map(|n| "-".repeat(*n)).collect::<Vec<_>>().join("  "));
+    out.push_str(
+        &w.iter()
+            .map(|n| "-".repeat(*n))
+            .collect::<Vec<_>>()
+            .join("  "),
+    );
     for r in rows {
         out.push('\n');
         out.push_str(&line(r.iter().map(String::as_str).collect()));
@@ -203,17 +225,25 @@ pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResul
     let mut open = ids.len();
     while open > 0 {
         for ev in engine.step()? {
-            let Some(i) = ids.iter().position(|&x| x == ev.id) else { continue };
+            let Some(i) = ids.iter().position(|&x| x == ev.id) else {
+                continue;
+            };
             tokens[i].extend_from_slice(&ev.tokens);
             if let Some(f) = ev.finish {
                 if let FinishReason::Error(m) = f {
-                    return Err(Error::Engine(format!("bench request {} failed: {m}", ev.id)));
+                    return Err(Error::Engine(format!(
+                        "bench request {} failed: {m}",
+                        ev.id
+                    )));
                 }
                 open -= 1;
             }
         }
     }
-    Ok(RunResult { tokens, wall_s: t0.elapsed().as_secs_f64() })
+    Ok(RunResult {
+        tokens,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// Deterministic random token ids in [lo, vocab).
@@ -235,7 +265,9 @@ fn default_dir(p: &Option<PathBuf>, d: &str) -> PathBuf {
 }
 
 fn machine_load() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
@@ -251,7 +283,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let load_before = machine_load();
     if run_engine {
         let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
-        sections.push(engine_bench::run(&a, a.model.as_deref(), &scratch_base, &batches)?);
+        sections.push(engine_bench::run(
+            &a,
+            a.model.as_deref(),
+            &scratch_base,
+            &batches,
+        )?);
     }
     if run_spec {
         let target = default_dir(&a.model, "models/target");

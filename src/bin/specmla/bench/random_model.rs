@@ -51,7 +51,10 @@ impl BenchModelSpec {
 
     /// `--quick`: 2 layers (1 dense + 1 MoE): about 280M parameters, 0.56 GB.
     pub fn quick() -> Self {
-        BenchModelSpec { num_layers: 2, ..Self::standard() }
+        BenchModelSpec {
+            num_layers: 2,
+            ..Self::standard()
+        }
     }
 
     /// The config.json of this model (DeepSeek-V2-Lite attention: hidden 2048, 16 heads,
@@ -125,31 +128,40 @@ const BF16_ONE: u16 = 0x3f80;
 pub fn write_random_checkpoint(dir: &Path, config: &Value, seed: u64) -> Result<usize> {
     let io = |p: &Path| {
         let p = p.to_path_buf();
-        move |e: std::io::Error| Error::Io { path: p.clone(), source: e }
+        move |e: std::io::Error| Error::Io {
+            path: p.clone(),
+            source: e,
+        }
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let cfg_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(config).map_err(|e| Error::InvalidArgument(format!("config: {e}")))?;
+    let text = serde_json::to_string_pretty(config)
+        .map_err(|e| Error::InvalidArgument(format!("config: {e}")))?;
     std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
     let cfg = ModelConfig::from_file(&cfg_path)?;
     let tensors = expected_tensor_shapes(&cfg); // [(name, shape)] in load order
-    // Header: contiguous data_offsets in the same order.
+                                                // Header: contiguous data_offsets in the same order.
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut off = 0usize;
     for (name, shape) in &tensors {
         let bytes = shape.iter().product::<usize>() * 2;
-        header.insert(name.clone(), json!({"dtype": "BF16", "shape": shape, "data_offsets": [off, off + bytes]}));
+        header.insert(
+            name.clone(),
+            json!({"dtype": "BF16", "shape": shape, "data_offsets": [off, off + bytes]}),
+        );
         off += bytes;
     }
-    let mut hbytes = serde_json::to_vec(&Value::Object(header)).map_err(|e| Error::InvalidArgument(format!("header: {e}")))?;
+    let mut hbytes = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| Error::InvalidArgument(format!("header: {e}")))?;
     while hbytes.len() % 8 != 0 {
         hbytes.push(b' ');
     }
     let st_path = dir.join("model.safetensors");
     let file = File::create(&st_path).map_err(io(&st_path))?;
     let mut w = BufWriter::with_capacity(1 << 23, file);
-    w.write_all(&(hbytes.len() as u64).to_le_bytes()).map_err(io(&st_path))?;
+    w.write_all(&(hbytes.len() as u64).to_le_bytes())
+        .map_err(io(&st_path))?;
     w.write_all(&hbytes).map_err(io(&st_path))?;
     let mut rng = XorShift(seed | 1);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 22); // [chunk_values * 2] bf16 bytes
@@ -221,7 +233,9 @@ fn attn_params(c: &ModelConfig) -> usize {
         Some(r) => r * h + nh * qk * r,
         None => nh * qk * h,
     };
-    q + (c.kv_lora_rank + c.qk_rope_head_dim) * h + nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank + h * nh * c.v_head_dim
+    q + (c.kv_lora_rank + c.qk_rope_head_dim) * h
+        + nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank
+        + h * nh * c.v_head_dim
 }
 
 /// Costs of a token from the config alone.
@@ -241,10 +255,15 @@ pub fn token_costs(c: &ModelConfig, weight_bytes: usize) -> TokenCosts {
             (Some(m), true) => {
                 let e = 3 * h * m.moe_intermediate_size;
                 let router = m.n_routed_experts * h;
-                let bias = if matches!(m.topk_method, specmla::config::TopkMethod::NoauxTc) { m.n_routed_experts } else { 0 };
+                let bias = if matches!(m.topk_method, specmla::config::TopkMethod::NoauxTc) {
+                    m.n_routed_experts
+                } else {
+                    0
+                };
                 total += e * (m.n_routed_experts + m.n_shared_experts) + router + bias;
                 active += e * (m.num_experts_per_tok + m.n_shared_experts) + router;
-                bytes += e * (m.num_experts_per_tok + m.n_shared_experts) * weight_bytes + router * 4;
+                bytes +=
+                    e * (m.num_experts_per_tok + m.n_shared_experts) * weight_bytes + router * 4;
             }
             _ => {
                 let d = 3 * h * c.intermediate_size;
@@ -254,7 +273,12 @@ pub fn token_costs(c: &ModelConfig, weight_bytes: usize) -> TokenCosts {
             }
         }
     }
-    TokenCosts { total_params: total, active_params: active, lm_head_params: lm, decode_weight_bytes: bytes }
+    TokenCosts {
+        total_params: total,
+        active_params: active,
+        lm_head_params: lm,
+        decode_weight_bytes: bytes,
+    }
 }
 
 /// Model FLOPs of prefilling `len` tokens in one chunk: 2 x (active params without lm_head) per
@@ -318,29 +342,44 @@ mod tests {
         // the same seed gives the same file
         let first = std::fs::read(dir.0.join("model.safetensors")).unwrap();
         write_random_checkpoint(&dir.0, &cfg, 7).unwrap();
-        assert_eq!(first, std::fs::read(dir.0.join("model.safetensors")).unwrap());
+        assert_eq!(
+            first,
+            std::fs::read(dir.0.join("model.safetensors")).unwrap()
+        );
     }
 
     #[test]
     fn standard_bench_model_is_in_the_asked_range() {
-        let cfg = ModelConfig::from_json_str(&BenchModelSpec::standard().config_json().to_string()).unwrap();
+        let cfg = ModelConfig::from_json_str(&BenchModelSpec::standard().config_json().to_string())
+            .unwrap();
         let c = token_costs(&cfg, 2);
-        assert!((150_000_000..=460_000_000).contains(&c.total_params), "{}", c.total_params);
+        assert!(
+            (150_000_000..=460_000_000).contains(&c.total_params),
+            "{}",
+            c.total_params
+        );
         assert!(c.total_params * 2 < 1 << 30 && c.total_params * 2 > 8 * (32 << 20));
         assert!(c.active_params < c.total_params);
-        let q = ModelConfig::from_json_str(&BenchModelSpec::quick().config_json().to_string()).unwrap();
+        let q =
+            ModelConfig::from_json_str(&BenchModelSpec::quick().config_json().to_string()).unwrap();
         assert!(token_costs(&q, 2).total_params > 150_000_000);
     }
 
     #[test]
     fn prefill_flops_counts_causal_attention() {
-        let cfg = ModelConfig::from_json_str(&BenchModelSpec::quick().config_json().to_string()).unwrap();
+        let cfg =
+            ModelConfig::from_json_str(&BenchModelSpec::quick().config_json().to_string()).unwrap();
         let c = token_costs(&cfg, 2);
         let f1 = prefill_flops(&cfg, &c, 1);
         let f2 = prefill_flops(&cfg, &c, 2);
         // second token: one more token of matmuls and 2 more keys of attention per head per layer
         let per_tok = 2.0 * (c.active_params - c.lm_head_params) as f64;
         let attn_key = 2.0 * 16.0 * 2.0 * (192.0 + 128.0) * (3.0 - 1.0); // layers x heads x 2(qk+v) x (3 - 1) keys
-        assert!((f2 - f1 - per_tok - attn_key).abs() < 1.0, "{} vs {}", f2 - f1, per_tok + attn_key);
+        assert!(
+            (f2 - f1 - per_tok - attn_key).abs() < 1.0,
+            "{} vs {}",
+            f2 - f1,
+            per_tok + attn_key
+        );
     }
 }

@@ -51,25 +51,51 @@ impl WorkItem {
 }
 
 /// Load up to `n` workload items; a missing file gives `n` random 16-token prompts (ids >= 3).
-pub fn load_workload(path: &Path, n: usize, vocab: usize, seed: u64) -> Result<(Vec<WorkItem>, String)> {
+pub fn load_workload(
+    path: &Path,
+    n: usize,
+    vocab: usize,
+    seed: u64,
+) -> Result<(Vec<WorkItem>, String)> {
     if !path.is_file() {
         let items = (0..n)
             .map(|i| WorkItem {
                 prompt: None,
-                prompt_token_ids: Some(random_tokens(16, vocab, 3.min(vocab as u32 - 1), seed + i as u64)),
+                prompt_token_ids: Some(random_tokens(
+                    16,
+                    vocab,
+                    3.min(vocab as u32 - 1),
+                    seed + i as u64,
+                )),
                 answer: None,
                 natural_thinking_tokens: None,
             })
             .collect();
-        return Ok((items, format!("{n} random 16-token prompts ({} not found)", path.display())));
+        return Ok((
+            items,
+            format!("{n} random 16-token prompts ({} not found)", path.display()),
+        ));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Io { path: path.to_path_buf(), source: e })?;
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
     let mut items = Vec::new();
-    for (i, line) in text.lines().filter(|l| !l.trim().is_empty()).take(n).enumerate() {
-        let it: WorkItem = serde_json::from_str(line)
-            .map_err(|e| Error::InvalidArgument(format!("{} line {}: {e}", path.display(), i + 1)))?;
+    for (i, line) in text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(n)
+        .enumerate()
+    {
+        let it: WorkItem = serde_json::from_str(line).map_err(|e| {
+            Error::InvalidArgument(format!("{} line {}: {e}", path.display(), i + 1))
+        })?;
         if it.prompt.is_none() && it.prompt_token_ids.is_none() {
-            return Err(Error::InvalidArgument(format!("{} line {}: no prompt", path.display(), i + 1)));
+            return Err(Error::InvalidArgument(format!(
+                "{} line {}: no prompt",
+                path.display(),
+                i + 1
+            )));
         }
         items.push(it);
     }
@@ -90,7 +116,9 @@ fn is_correct(tok: &Tokenizer, think_end: u32, tokens: &[u32], item: &WorkItem) 
         Value::String(s) => s.clone(),
         v => v.to_string(),
     };
-    let Some(pos) = tokens.iter().position(|&t| t == think_end) else { return Some(false) };
+    let Some(pos) = tokens.iter().position(|&t| t == think_end) else {
+        return Some(false);
+    };
     let text = tok.decode(&tokens[pos + 1..], true).ok()?;
     Some(parse_answer(&text).as_deref() == Some(want.as_str()))
 }
@@ -133,7 +161,11 @@ impl Run {
     }
     fn acceptance(&self) -> f64 {
         let t = &self.stats.totals;
-        if t.drafted_tokens == 0 { 0.0 } else { t.accepted_tokens as f64 / t.drafted_tokens as f64 }
+        if t.drafted_tokens == 0 {
+            0.0
+        } else {
+            t.accepted_tokens as f64 / t.drafted_tokens as f64
+        }
     }
     fn per_position(&self) -> Vec<f64> {
         let t = &self.stats.totals;
@@ -160,7 +192,11 @@ fn run_once(
     budgets: &[Option<usize>],
     max_tokens: usize,
 ) -> Result<Run> {
-    let cfg = EngineConfig { spec, max_running: batch, ..base.clone() };
+    let cfg = EngineConfig {
+        spec,
+        max_running: batch,
+        ..base.clone()
+    };
     let engine = Engine::new(target, draft, cfg)?;
     let reqs: Vec<Request> = items
         .iter()
@@ -174,7 +210,11 @@ fn run_once(
     let t = Instant::now();
     let res = super::run_to_completion(&engine, reqs)?;
     let wall_s = t.elapsed().as_secs_f64();
-    Ok(Run { tokens: res.tokens, wall_s, stats: engine.stats() })
+    Ok(Run {
+        tokens: res.tokens,
+        wall_s,
+        stats: engine.stats(),
+    })
 }
 
 pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Result<Section> {
@@ -184,7 +224,11 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
     let tok = super::tokenizer_of(target)?;
     let think_end = tok.as_ref().and_then(|t| t.token_to_id("</think>"));
     let k = a.num_draft_tokens.max(1);
-    let max_prompt = items.iter().map(|it| it.prompt_token_ids.as_ref().map_or(512, Vec::len)).max().unwrap_or(16);
+    let max_prompt = items
+        .iter()
+        .map(|it| it.prompt_token_ids.as_ref().map_or(512, Vec::len))
+        .max()
+        .unwrap_or(16);
     let block_size = 16;
     let per_req = (max_prompt + a.max_tokens + k + 2).div_ceil(block_size);
     let max_batch = batches.iter().copied().max().unwrap_or(1);
@@ -202,10 +246,14 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
         isa: crate::generate::parse_isa(&a.isa)?,
     };
     // budgets: none, and half the natural thinking length when the workload and tokenizer allow it
-    let mut budget_sets: Vec<(String, Vec<Option<usize>>)> = vec![("none".into(), vec![None; items.len()])];
+    let mut budget_sets: Vec<(String, Vec<Option<usize>>)> =
+        vec![("none".into(), vec![None; items.len()])];
     let natural: Option<Vec<usize>> = items.iter().map(|it| it.natural_thinking_tokens).collect();
     if let (Some(nat), Some(_)) = (natural, think_end) {
-        budget_sets.push(("50% natural".into(), nat.iter().map(|&x| Some(x / 2)).collect()));
+        budget_sets.push((
+            "50% natural".into(),
+            nat.iter().map(|&x| Some(x / 2)).collect(),
+        ));
     }
     let dsrc = || DraftSource::Dir(draft.to_path_buf());
     let mut rows = Vec::new();
@@ -218,10 +266,39 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
     for (bname, budgets) in &budget_sets {
         let mut first_plain: Option<Vec<Vec<u32>>> = None;
         for &b in batches {
-            progress(&format!("spec bench: budget {bname}, batch {b}: plain / k={k} / adaptive"));
-            let plain = run_once(target, DraftSource::None, &base, SpecMode::Fixed(0), b, &items, budgets, a.max_tokens)?;
-            let spec = run_once(target, dsrc(), &base, SpecMode::Fixed(k), b, &items, budgets, a.max_tokens)?;
-            let adaptive = run_once(target, dsrc(), &base, SpecMode::Adaptive { k_max: k }, b, &items, budgets, a.max_tokens)?;
+            progress(&format!(
+                "spec bench: budget {bname}, batch {b}: plain / k={k} / adaptive"
+            ));
+            let plain = run_once(
+                target,
+                DraftSource::None,
+                &base,
+                SpecMode::Fixed(0),
+                b,
+                &items,
+                budgets,
+                a.max_tokens,
+            )?;
+            let spec = run_once(
+                target,
+                dsrc(),
+                &base,
+                SpecMode::Fixed(k),
+                b,
+                &items,
+                budgets,
+                a.max_tokens,
+            )?;
+            let adaptive = run_once(
+                target,
+                dsrc(),
+                &base,
+                SpecMode::Adaptive { k_max: k },
+                b,
+                &items,
+                budgets,
+                a.max_tokens,
+            )?;
             for other in [&spec, &adaptive] {
                 for (x, y) in plain.tokens.iter().zip(&other.tokens) {
                     compared += 1;
@@ -240,7 +317,8 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
             let be = break_even_acceptance(k, ratio);
             let draft_ms = 1e3 * spec.stats.time_draft_s / spec.stats.steps.max(1) as f64;
             let verify_ms = 1e3 * spec.stats.time_target_forward_s / spec.stats.steps.max(1) as f64;
-            let target_ms = 1e3 * plain.stats.time_target_forward_s / plain.stats.steps.max(1) as f64;
+            let target_ms =
+                1e3 * plain.stats.time_target_forward_s / plain.stats.steps.max(1) as f64;
             rows.push(vec![
                 bname.clone(),
                 b.to_string(),
@@ -251,7 +329,11 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
                 format!("{:.2}x", adaptive.tps() / plain.tps()),
                 format!("{:.1}%", 100.0 * spec.acceptance()),
                 format!("{:.2}", spec.stats.mean_acceptance_length),
-                spec.per_position().iter().map(|p| format!("{:.0}", 100.0 * p)).collect::<Vec<_>>().join("/"),
+                spec.per_position()
+                    .iter()
+                    .map(|p| format!("{:.0}", 100.0 * p))
+                    .collect::<Vec<_>>()
+                    .join("/"),
                 format!("{:.2}", ratio),
                 be.map_or("none".into(), |x| format!("{:.1}%", 100.0 * x)),
             ]);
@@ -273,11 +355,16 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
             }));
             if b == batches[0] {
                 if let (Some(t), Some(te)) = (tok.as_ref(), think_end) {
-                    let correct: Vec<bool> =
-                        plain.tokens.iter().zip(&items).filter_map(|(x, it)| is_correct(t, te, x, it)).collect();
+                    let correct: Vec<bool> = plain
+                        .tokens
+                        .iter()
+                        .zip(&items)
+                        .filter_map(|(x, it)| is_correct(t, te, x, it))
+                        .collect();
                     if !correct.is_empty() {
                         let ok = correct.iter().filter(|&&x| x).count();
-                        let reasoning = plain.stats.totals.reasoning_tokens as f64 / items.len() as f64;
+                        let reasoning =
+                            plain.stats.totals.reasoning_tokens as f64 / items.len() as f64;
                         acc_rows.push((bname.clone(), ok, correct.len(), reasoning));
                     }
                 }
@@ -293,8 +380,20 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
         a.kv_dtype
     );
     text += &table(
-        &["budget", "batch", "plain tok/s", "k tok/s", "speedup", "adapt tok/s", "adapt x", "accept", "mean len",
-          "accept/pos %", "cost k/0", "break-even a"],
+        &[
+            "budget",
+            "batch",
+            "plain tok/s",
+            "k tok/s",
+            "speedup",
+            "adapt tok/s",
+            "adapt x",
+            "accept",
+            "mean len",
+            "accept/pos %",
+            "cost k/0",
+            "break-even a",
+        ],
         &rows,
     );
     text += &format!(
@@ -309,7 +408,9 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
             "answer accuracy (budget {bname}): {ok}/{n} = {:.1}% (mean reasoning tokens {reasoning:.1})\n",
             100.0 * *ok as f64 / *n as f64
         );
-        acc_json.push(json!({"budget": bname, "correct": ok, "total": n, "mean_reasoning_tokens": reasoning}));
+        acc_json.push(
+            json!({"budget": bname, "correct": ok, "total": n, "mean_reasoning_tokens": reasoning}),
+        );
     }
     if acc_rows.is_empty() {
         text += "answer accuracy: n/a (no tokenizer with </think> or no answers in the workload)\n";
@@ -320,7 +421,11 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
         "greedy_identical": identical == compared, "identical_requests": identical, "compared_requests": compared,
         "plain_identical_across_batches": across_batches, "answer_accuracy": acc_json,
     });
-    Ok(Section { name: "speculation", json, text })
+    Ok(Section {
+        name: "speculation",
+        json,
+        text,
+    })
 }
 
 #[cfg(test)]
@@ -340,17 +445,30 @@ mod tests {
     fn break_even_solves_expected_tokens() {
         for (k, ratio) in [(1usize, 1.5f64), (4, 2.0), (4, 1.2), (8, 3.0)] {
             let a = break_even_acceptance(k, ratio).unwrap();
-            assert!((expected_tokens(a, k) - ratio).abs() < 1e-9, "k={k} ratio={ratio} a={a}");
+            assert!(
+                (expected_tokens(a, k) - ratio).abs() < 1e-9,
+                "k={k} ratio={ratio} a={a}"
+            );
         }
         assert_eq!(break_even_acceptance(4, 0.9), Some(0.0));
-        assert_eq!(break_even_acceptance(2, 3.5), None, "cost above k+1 never pays");
+        assert_eq!(
+            break_even_acceptance(2, 3.5),
+            None,
+            "cost above k+1 never pays"
+        );
     }
 
     #[test]
     fn missing_workload_gives_random_prompts() {
-        let (items, label) = load_workload(Path::new("/nonexistent/prompts.jsonl"), 5, 100, 1).unwrap();
+        let (items, label) =
+            load_workload(Path::new("/nonexistent/prompts.jsonl"), 5, 100, 1).unwrap();
         assert_eq!(items.len(), 5);
-        assert!(items.iter().all(|it| it.prompt_token_ids.as_ref().unwrap().iter().all(|&t| t < 100)));
+        assert!(items.iter().all(|it| it
+            .prompt_token_ids
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|&t| t < 100)));
         assert!(label.contains("random"));
     }
 }

@@ -34,7 +34,8 @@ struct Feeder<'a> {
 impl Feeder<'_> {
     fn top_up(&mut self) -> Result<()> {
         while self.running < self.batch {
-            self.engine.submit(self.items[self.next % self.items.len()].request(self.max_tokens))?;
+            self.engine
+                .submit(self.items[self.next % self.items.len()].request(self.max_tokens))?;
             self.next += 1;
             self.running += 1;
         }
@@ -68,7 +69,11 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
     let (items, wl_label) = load_workload(&a.workload, n, target_cfg.vocab_size, a.seed)?;
     let k = a.num_draft_tokens.max(1);
     let batch = 4;
-    let max_prompt = items.iter().map(|it| it.prompt_token_ids.as_ref().map_or(512, Vec::len)).max().unwrap_or(16);
+    let max_prompt = items
+        .iter()
+        .map(|it| it.prompt_token_ids.as_ref().map_or(512, Vec::len))
+        .max()
+        .unwrap_or(16);
     let block_size = 16;
     let blocks = (max_prompt + a.max_tokens + k + 2).div_ceil(block_size) * (batch + 1) + 8;
     let base = EngineConfig {
@@ -86,7 +91,14 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
     };
     let src = || DraftSource::Dir(draft.to_path_buf());
     let engine = Engine::new(target, src(), base.clone())?;
-    let mut feed = Feeder { engine: &engine, items: &items, next: 0, running: 0, batch, max_tokens: a.max_tokens };
+    let mut feed = Feeder {
+        engine: &engine,
+        items: &items,
+        next: 0,
+        running: 0,
+        batch,
+        max_tokens: a.max_tokens,
+    };
     let normal_steps = if a.quick { 20 } else { 60 };
     let swaps = if a.quick { 3 } else { 10 };
     let after = 3;
@@ -105,12 +117,18 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         feed.step()?;
         match engine.swap_status(ticket) {
             SwapStatus::Applied { .. } => apply_s.push(t.elapsed().as_secs_f64()),
-            s => return Err(Error::Engine(format!("blocking swap not applied after a step: {s:?}"))),
+            s => {
+                return Err(Error::Engine(format!(
+                    "blocking swap not applied after a step: {s:?}"
+                )))
+            }
         }
     }
 
     // ---- (2) background loads during decoding
-    progress(&format!("swap bench: {normal_steps} normal steps, then {swaps} background swaps"));
+    progress(&format!(
+        "swap bench: {normal_steps} normal steps, then {swaps} background swaps"
+    ));
     let mut normal = Vec::new();
     for _ in 0..normal_steps {
         normal.push(feed.step()?);
@@ -136,7 +154,9 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
                     break;
                 }
                 SwapStatus::Pending if pending_before => during.push(s),
-                SwapStatus::Failed(m) => return Err(Error::Draft(format!("background swap failed: {m}"))),
+                SwapStatus::Failed(m) => {
+                    return Err(Error::Draft(format!("background swap failed: {m}")))
+                }
                 other => return Err(Error::Engine(format!("unexpected swap status {other:?}"))),
             }
             if nsteps > 100_000 {
@@ -160,10 +180,20 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
     let mut kv_rows = Vec::new();
     let mut kv_json = Vec::new();
     for d in dtypes {
-        let cfg = EngineConfig { kv_dtype: d, draft_kv_dtype: None, num_blocks: 4, draft_num_blocks: 4, ..base.clone() };
+        let cfg = EngineConfig {
+            kv_dtype: d,
+            draft_kv_dtype: None,
+            num_blocks: 4,
+            draft_num_blocks: 4,
+            ..base.clone()
+        };
         let e = Engine::new(target, src(), cfg)?;
         let s = e.stats();
-        kv_rows.push(vec![d.name().to_string(), s.target_kv_bytes_per_token.to_string(), s.draft_kv_bytes_per_token.to_string()]);
+        kv_rows.push(vec![
+            d.name().to_string(),
+            s.target_kv_bytes_per_token.to_string(),
+            s.draft_kv_bytes_per_token.to_string(),
+        ]);
         kv_json.push(json!({"dtype": d.name(), "target": s.target_kv_bytes_per_token, "draft": s.draft_kv_bytes_per_token}));
     }
 
@@ -173,13 +203,20 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
     let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
     for d in [KvDtype::Bf16, KvDtype::Fp8E4M3] {
         progress(&format!("swap bench: workload with {} draft KV", d.name()));
-        let cfg = EngineConfig { draft_kv_dtype: Some(d), ..base.clone() };
+        let cfg = EngineConfig {
+            draft_kv_dtype: Some(d),
+            ..base.clone()
+        };
         let e = Engine::new(target, src(), cfg)?;
         let reqs = items.iter().map(|it| it.request(a.max_tokens)).collect();
         let res = super::run_to_completion(&e, reqs)?;
         let s = e.stats();
         let gen: usize = res.tokens.iter().map(Vec::len).sum();
-        let acc = if s.totals.drafted_tokens == 0 { 0.0 } else { s.totals.accepted_tokens as f64 / s.totals.drafted_tokens as f64 };
+        let acc = if s.totals.drafted_tokens == 0 {
+            0.0
+        } else {
+            s.totals.accepted_tokens as f64 / s.totals.drafted_tokens as f64
+        };
         dkv_rows.push(vec![
             d.name().to_string(),
             format!("{:.1}%", 100.0 * acc),
@@ -222,18 +259,57 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
     text += &table(
         &["steps", "count", "p50 ms", "p99 ms"],
         &[
-            vec!["normal".into(), normal.len().to_string(), format!("{n50:.2}"), format!("{n99:.2}")],
-            vec!["while loading".into(), during.len().to_string(), format!("{d50:.2}"), format!("{d99:.2}")],
-            vec!["swap step".into(), first_after.len().to_string(), format!("{f50:.2}"), format!("{f99:.2}")],
-            vec![format!("next {after} after"), later_after.len().to_string(), format!("{l50:.2}"), format!("{l99:.2}")],
+            vec![
+                "normal".into(),
+                normal.len().to_string(),
+                format!("{n50:.2}"),
+                format!("{n99:.2}"),
+            ],
+            vec![
+                "while loading".into(),
+                during.len().to_string(),
+                format!("{d50:.2}"),
+                format!("{d99:.2}"),
+            ],
+            vec![
+                "swap step".into(),
+                first_after.len().to_string(),
+                format!("{f50:.2}"),
+                format!("{f99:.2}"),
+            ],
+            vec![
+                format!("next {after} after"),
+                later_after.len().to_string(),
+                format!("{l50:.2}"),
+                format!("{l99:.2}"),
+            ],
         ],
     );
-    text += &format!("draft generation after the bench: {} (drafter {})\n\n", stats.draft_generation, stats.drafter);
+    text += &format!(
+        "draft generation after the bench: {} (drafter {})\n\n",
+        stats.draft_generation, stats.drafter
+    );
     text += "KV bytes per token (all layers, scales included):\n";
     text += &table(&["dtype", "target", "draft"], &kv_rows);
-    text += &format!("\ndraft KV dtype (target KV {}), {} prompts, batch {batch}:\n", a.kv_dtype, items.len());
-    text += &table(&["draft KV", "accept", "mean len", "tok/s", "draft KV B/token"], &dkv_rows);
-    text += &format!("outputs identical with fp8 and bf16 draft KV: {}\n", if same { "YES" } else { "NO" });
+    text += &format!(
+        "\ndraft KV dtype (target KV {}), {} prompts, batch {batch}:\n",
+        a.kv_dtype,
+        items.len()
+    );
+    text += &table(
+        &[
+            "draft KV",
+            "accept",
+            "mean len",
+            "tok/s",
+            "draft KV B/token",
+        ],
+        &dkv_rows,
+    );
+    text += &format!(
+        "outputs identical with fp8 and bf16 draft KV: {}\n",
+        if same { "YES" } else { "NO" }
+    );
     let json = json!({
         "target": target.display().to_string(), "draft": draft.display().to_string(), "k": k, "batch": batch,
         "blocking_load_ms": load_s.iter().map(|x| 1e3 * x).collect::<Vec<_>>(),
@@ -250,5 +326,9 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         "draft_kv": dkv_json,
         "draft_kv_outputs_identical": same,
     });
-    Ok(Section { name: "draft_swap", json, text })
+    Ok(Section {
+        name: "draft_swap",
+        json,
+        text,
+    })
 }
