@@ -16,11 +16,12 @@
 //! config) are copied. An already quantised checkpoint is refused.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Value};
 
 use super::dtype::{decode_to_f32, DType};
+use super::files::{io, shard_files, write_safetensors};
 use super::safetensors_store::{WeightSource, WeightStore};
 use crate::error::{Error, Result};
 use crate::kv::dtype::f32_to_fp8;
@@ -44,13 +45,6 @@ pub struct QuantizeReport {
 pub fn is_quantizable(name: &str) -> bool {
     const KEEP: [&str; 4] = ["embed_tokens", "lm_head", "norm", "mlp.gate.weight"];
     name.ends_with(".weight") && !KEEP.iter().any(|k| name.contains(k))
-}
-
-fn io(path: &Path, e: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source: e,
-    }
 }
 
 /// Quantise the checkpoint in `src` into a new directory `dst` (created; must not be `src`).
@@ -157,53 +151,6 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
     Ok(report)
 }
 
-/// The checkpoint's shard files (index order, or the single / every `*.safetensors`).
-fn shard_files(src: &Path) -> Result<Vec<PathBuf>> {
-    let index = src.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
-        let v: Value = serde_json::from_str(&text).map_err(|e| Error::Safetensors {
-            path: index.display().to_string(),
-            msg: format!("invalid JSON: {e}"),
-        })?;
-        let mut files: Vec<String> = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .map(|m| {
-                m.values()
-                    .filter_map(|f| f.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        files.sort();
-        files.dedup();
-        if files.iter().any(|f| Path::new(f).components().count() != 1) {
-            return Err(Error::Safetensors {
-                path: index.display().to_string(),
-                msg: "weight_map names a path, not a file".into(),
-            });
-        }
-        return Ok(files.into_iter().map(|f| src.join(f)).collect());
-    }
-    let single = src.join("model.safetensors");
-    if single.is_file() {
-        return Ok(vec![single]);
-    }
-    let mut v: Vec<PathBuf> = std::fs::read_dir(src)
-        .map_err(|e| io(src, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    v.sort();
-    if v.is_empty() {
-        return Err(Error::Safetensors {
-            path: src.display().to_string(),
-            msg: "no safetensors files".into(),
-        });
-    }
-    Ok(v)
-}
-
 /// Block-quantise `w` [rows, cols]: (e4m3 bytes [rows, cols], scale_inv [ceil(rows/b), ceil(cols/b)]).
 pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize, b: usize) -> (Vec<u8>, Vec<f32>) {
     let (sr, sc) = (rows.div_ceil(b), cols.div_ceil(b));
@@ -237,31 +184,4 @@ pub fn quantize_blocks(w: &[f32], rows: usize, cols: usize, b: usize) -> (Vec<u8
         }
     }
     (q, scales)
-}
-
-fn write_safetensors(path: &Path, tensors: &[(String, DType, Vec<usize>, Vec<u8>)]) -> Result<()> {
-    let st = |e: safetensors::SafeTensorError| Error::Safetensors {
-        path: path.display().to_string(),
-        msg: e.to_string(),
-    };
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, dt, shape, data) in tensors {
-        let d = match dt {
-            DType::F32 => safetensors::Dtype::F32,
-            DType::BF16 => safetensors::Dtype::BF16,
-            DType::F16 => safetensors::Dtype::F16,
-            DType::F8E4M3 => safetensors::Dtype::F8_E4M3,
-            DType::Other(o) => {
-                return Err(Error::Safetensors {
-                    path: path.display().to_string(),
-                    msg: format!("tensor `{name}`: cannot re-write dtype {o}"),
-                })
-            }
-        };
-        views.push((
-            name.clone(),
-            safetensors::tensor::TensorView::new(d, shape.clone(), data).map_err(st)?,
-        ));
-    }
-    safetensors::serialize_to_file(views, None, path).map_err(st)
 }

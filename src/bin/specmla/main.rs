@@ -1,11 +1,12 @@
 //! `specmla` — command-line front end over the library: `generate` (streaming or JSON, with a
 //! draft model or n-gram speculation and a reasoning budget), `score` (per-position log-probs),
 //! `info` (model summary), `bench` (throughput, roofline, speculation, draft swaps) and
-//! `quantize` (fp8 block-scaled copy of a checkpoint).
+//! `quantize` (fp8 block-scaled copy of a checkpoint), `make-bench-model` (widened copy).
 
 mod bench;
 mod generate;
 mod info;
+mod make_bench_model;
 mod quantize;
 mod score;
 
@@ -34,6 +35,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Write an fp8 e4m3 copy of a checkpoint with 128x128 block scales (DeepSeek-V3 layout).
     Quantize(quantize::QuantizeArgs),
+    /// Write a function-preserving widened copy of a checkpoint (memory-bound benchmark target).
+    MakeBenchModel(make_bench_model::MakeBenchModelArgs),
 }
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
         Cmd::Info(a) => info::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Quantize(a) => quantize::run(a),
+        Cmd::MakeBenchModel(a) => make_bench_model::run(a),
     };
     if let Err(e) = res {
         eprintln!("specmla: error: {e}");
