@@ -91,6 +91,9 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "smalln") {
+        return small_n();
+    }
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
     }
@@ -228,5 +231,41 @@ fn l2_probe() {
             if fp8 { "fp8" } else { "bf16" },
             200.0 * w.nbytes() as f64 / t / 1e9
         );
+    }
+}
+
+/// `cargo bench --bench kernels -- smalln`: the verification regime — a walk over 32 distinct
+/// 1536x1536 bf16 matrices (expert-sized, 144 MiB in all, so DRAM-resident) at n = 1..9 tokens,
+/// per ISA level, 2 threads: time per walk relative to n = 1 (1.0 = the weights are read once
+/// and the extra tokens are free).
+fn small_n() {
+    let (rows, cols) = (1536, 1536);
+    let ws: Vec<Matrix> = (0..32).map(|e| bf16_matrix(200 + e, rows, cols)).collect();
+    let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
+    for isa in Isa::available() {
+        let p = pool_isa(2, isa);
+        let mut t1 = 0.0;
+        for n in [1, 2, 3, 4, 5, 8, 9, 16] {
+            let x: Vec<f32> = bits(5, n * cols)
+                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+                .collect(); // [n, cols]
+            let mut y = vec![0.0f32; n * rows]; // [n, rows]
+            let t = p.install(|| {
+                best_of(5, || {
+                    for w in &ws {
+                        matmul(w, black_box(&x), n, &mut y);
+                    }
+                })
+            });
+            if n == 1 {
+                t1 = t;
+            }
+            println!(
+                "{isa:8} n={n:2}: {:6.2} ms/walk = {:5.2}x n=1, weights {:6.2} GB/s",
+                t * 1e3,
+                t / t1,
+                bytes as f64 / t / 1e9
+            );
+        }
     }
 }

@@ -64,10 +64,12 @@ pub(crate) unsafe fn hsum8(a: __m256) -> f32 {
 
 /// Register tile: MR weight rows x NR token rows, `nchunks` 8-column chunks, accumulating into
 /// `acc[i][j]` (row i, token j). Row i of the weights starts at `w + i * ws`, token j at
-/// `x + j * xs`.
+/// `x + j * xs`. With `PF` (weights streamed from memory: the direct paths) it also prefetches
+/// the NEXT MR rows at the same column offsets, one line per row per 64 bytes, as
+/// [`gemv_prefetch`] does; prefetches never change results.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize>(
+pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize, const PF: bool>(
     w: *const T,
     ws: usize,
     x: *const f32,
@@ -76,8 +78,14 @@ pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize>(
     acc: &mut [[__m256; NR]; MR],
 ) {
     let mut a = *acc;
+    let line_chunks = (64 / (8 * std::mem::size_of::<T>())).max(1);
     for c in 0..nchunks {
         let off = c * 8;
+        if PF && c % line_chunks == 0 {
+            for i in 0..MR {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + off) as *const i8);
+            }
+        }
         let mut xv = [_mm256_setzero_ps(); NR];
         for (j, v) in xv.iter_mut().enumerate() {
             *v = _mm256_loadu_ps(x.add(j * xs + off));
@@ -116,7 +124,7 @@ pub(crate) unsafe fn tile_mem<const MR: usize, const NR: usize>(
             }
         }
     }
-    tile::<f32, MR, NR>(w, ws, x, xs, nchunks, &mut a);
+    tile::<f32, MR, NR, false>(w, ws, x, xs, nchunks, &mut a);
     for (i, ai) in a.iter().enumerate() {
         for (j, v) in ai.iter().enumerate() {
             let p = mem.add((i * n + j) * 8);
@@ -145,7 +153,7 @@ pub(crate) unsafe fn direct<T: WLoad, const MR: usize, const NR: usize>(
     on: usize,
 ) {
     let mut a = [[_mm256_setzero_ps(); NR]; MR];
-    tile::<T, MR, NR>(w, ws, x, xs, nchunks, &mut a);
+    tile::<T, MR, NR, true>(w, ws, x, xs, nchunks, &mut a);
     for (i, ai) in a.iter().enumerate() {
         for (j, v) in ai.iter().enumerate() {
             *out.add(i * on + j) = hsum8(*v);
@@ -208,19 +216,8 @@ pub(crate) unsafe fn direct_fp8<const MR: usize, const NR: usize>(
     let mut b = 0;
     while c0 < nchunks {
         let c1 = (c0 + block_chunks).min(nchunks);
-        if NR == 1 {
-            // One token: prefetch the next MR rows' bytes of this column block (see
-            // `gemv_prefetch`); one line covers 8 chunks of fp8.
-            for i in 0..MR {
-                let mut c = c0;
-                while c < c1 {
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + c * 8) as *const i8);
-                    c += 8;
-                }
-            }
-        }
         let mut blk = [[_mm256_setzero_ps(); NR]; MR];
-        tile::<u8, MR, NR>(w.add(c0 * 8), ws, x.add(c0 * 8), xs, c1 - c0, &mut blk);
+        tile::<u8, MR, NR, true>(w.add(c0 * 8), ws, x.add(c0 * 8), xs, c1 - c0, &mut blk);
         for i in 0..MR {
             let s = _mm256_set1_ps(*scales.add(i * ss + b));
             for j in 0..NR {

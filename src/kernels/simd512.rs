@@ -91,9 +91,12 @@ pub(crate) fn pack_pairs(x: &[f32], xs: usize, ntok: usize, nch: usize, buf: &mu
 /// Register tile: MR weight rows x NP token pairs over `nchunks` chunks, accumulating into
 /// `acc[i][p]`. Row i of the weights starts at `w + i * ws`; pair p's packed chunks at
 /// `xp + p * xps` (16 floats per chunk).
+///
+/// With `PF` (weights streamed from memory: the direct paths) it also prefetches the next MR
+/// rows, as `simd::tile` does.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn tile2<T: WLoad2, const MR: usize, const NP: usize>(
+pub(crate) unsafe fn tile2<T: WLoad2, const MR: usize, const NP: usize, const PF: bool>(
     w: *const T,
     ws: usize,
     xp: *const f32,
@@ -102,7 +105,13 @@ pub(crate) unsafe fn tile2<T: WLoad2, const MR: usize, const NP: usize>(
     acc: &mut [[__m512; NP]; MR],
 ) {
     let mut a = *acc;
+    let line_chunks = (64 / (8 * std::mem::size_of::<T>())).max(1);
     for c in 0..nchunks {
+        if PF && c % line_chunks == 0 {
+            for i in 0..MR {
+                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + c * 8) as *const i8);
+            }
+        }
         let mut xv = [_mm512_setzero_ps(); NP];
         for (p, v) in xv.iter_mut().enumerate() {
             *v = _mm512_loadu_ps(xp.add(p * xps + c * 16));
@@ -145,7 +154,7 @@ pub(crate) unsafe fn direct2<T: WLoad2, const MR: usize, const NP: usize>(
     nt: usize,
 ) {
     let mut a = [[_mm512_setzero_ps(); NP]; MR];
-    tile2::<T, MR, NP>(w, ws, xp, xps, nchunks, &mut a);
+    tile2::<T, MR, NP, true>(w, ws, xp, xps, nchunks, &mut a);
     for (i, ai) in a.iter().enumerate() {
         for (p, v) in ai.iter().enumerate() {
             store_pair(*v, out.add(i * on + 2 * p), 2 * p + 1 < nt);
@@ -178,7 +187,7 @@ pub(crate) unsafe fn direct2_fp8<const MR: usize, const NP: usize>(
     while c0 < nchunks {
         let c1 = (c0 + block_chunks).min(nchunks);
         let mut blk = [[_mm512_setzero_ps(); NP]; MR];
-        tile2::<u8, MR, NP>(w.add(c0 * 8), ws, xp.add(c0 * 16), xps, c1 - c0, &mut blk);
+        tile2::<u8, MR, NP, true>(w.add(c0 * 8), ws, xp.add(c0 * 16), xps, c1 - c0, &mut blk);
         for i in 0..MR {
             let s = _mm512_set1_ps(*scales.add(i * ss + b));
             for p in 0..NP {
@@ -219,7 +228,7 @@ pub(crate) unsafe fn tile2_mem<const MR: usize, const NP: usize>(
             }
         }
     }
-    tile2::<f32, MR, NP>(w, ws, xp, xps, nchunks, &mut a);
+    tile2::<f32, MR, NP, false>(w, ws, xp, xps, nchunks, &mut a);
     for (i, ai) in a.iter().enumerate() {
         for (p, v) in ai.iter().enumerate() {
             let q = mem.add((i * ne + 2 * p) * 8);

@@ -290,7 +290,7 @@ fn simd_and_portable_bitwise_equal() {
     for kind in KINDS {
         for (rows, cols) in [(1, 3), (11, 16), (37, 141), (300, 291), (70, 1030)] {
             let w = random_matrix(&mut rng, kind, rows, cols);
-            for n in [1, 2, 4, 7, 13, 25, 67, 101] {
+            for n in [1, 2, 4, 7, 9, 10, 13, 25, 67, 101] {
                 let x = rng.vec(n * cols); // [n, cols]
                 let mut yp = vec![0.0f32; n * rows]; // [n, rows]
                 matmul_with(Isa::portable(), WRef::of(&w), rows, cols, &x, n, &mut yp);

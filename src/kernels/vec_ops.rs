@@ -33,7 +33,7 @@ unsafe fn dot_simd(a: &[f32], b: &[f32]) -> f32 {
     use std::arch::x86_64::_mm256_setzero_ps;
     let nch = a.len() / LANES;
     let mut acc = [[_mm256_setzero_ps(); 1]; 1];
-    tile::<f32, 1, 1>(a.as_ptr(), 0, b.as_ptr(), 0, nch, &mut acc);
+    tile::<f32, 1, 1, false>(a.as_ptr(), 0, b.as_ptr(), 0, nch, &mut acc);
     let full = nch * LANES;
     lanes::fma_tail(hsum8(acc[0][0]), &a[full..], &b[full..])
 }
@@ -80,7 +80,7 @@ unsafe fn dot_rows_simd(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32])
     let mut r = 0;
     while r + G <= n {
         let mut acc = [[_mm256_setzero_ps(); 1]; G];
-        tile::<f32, G, 1>(
+        tile::<f32, G, 1, false>(
             rows.as_ptr().add(r * stride),
             stride,
             x.as_ptr(),
@@ -97,7 +97,7 @@ unsafe fn dot_rows_simd(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32])
     for (rr, o) in out.iter_mut().enumerate().skip(r) {
         let row = &rows[rr * stride..rr * stride + len];
         let mut acc = [[_mm256_setzero_ps(); 1]; 1];
-        tile::<f32, 1, 1>(row.as_ptr(), 0, x.as_ptr(), 0, nch, &mut acc);
+        tile::<f32, 1, 1, false>(row.as_ptr(), 0, x.as_ptr(), 0, nch, &mut acc);
         *o = lanes::fma_tail(hsum8(acc[0][0]), &row[full..], &x[full..]);
     }
 }

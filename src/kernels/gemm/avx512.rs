@@ -6,9 +6,10 @@
 use super::{Job, Scratch, WRef, DIRECT_MAX_TOKENS, DIRECT_TOKEN_BLOCK, LANES, ROW_BLOCK_GEMM};
 use crate::kernels::simd512::{direct2, direct2_fp8, pair_stride, tile2_mem};
 
-/// Row tile x pair tile of the direct path (pairs: two tokens each): non-fp8 / fp8.
+/// Row tile x pair tile of the direct path (pairs: two tokens each): non-fp8 / fp8. Five pairs
+/// cover a k = 8 verification (9 tokens) in one pass over each row tile's weights.
 const D_MR: usize = 4;
-const D_NP: usize = 3;
+const D_NP: usize = 5;
 const D_MR_FP8: usize = 2;
 /// Row tile x pair tile of the panel GEMM.
 const G_MR: usize = 4;
@@ -68,15 +69,15 @@ impl Job<'_> {
                     match self.w {
                         WRef::F32(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, f32; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, f32; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         WRef::Bf16(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, u16; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, u16; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         WRef::F16(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, half::f16; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, half::f16; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         WRef::Fp8 {
                             data, block_cols, ..
@@ -93,7 +94,7 @@ impl Job<'_> {
                                     }
                                 };
                             }
-                            go8!(2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1)
+                            go8!(2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                     }
                     t0 += nt;
