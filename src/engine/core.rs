@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{LogitsMode, Model, SeqChunk};
+use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
 use crate::spec::policy::{choose_k, LinearCost};
 use crate::spec::{Counters, Proposal, ProposeRequest, Proposer, SpecMode, Verdict};
@@ -49,6 +49,8 @@ pub(crate) struct Core {
     pub steps: u64,
     pub time_target_s: f64,
     pub time_draft_s: f64,
+    /// Weight bytes the target forwards needed (dense weights + union of selected experts).
+    pub target_weight_bytes: u64,
     pub admitted: u64,
     /// Counters of requests that finished (summed).
     pub finished_totals: Counters,
@@ -165,7 +167,10 @@ impl Core {
             let Some(mut r) = self.waiting.pop_front() else {
                 break;
             };
-            if r.kv.len() == 0 && self.cfg.prefix_cache && r.tokens.len() > 1 {
+            // A reused prefix has no target hidden states, which an MTP drafter needs.
+            let reuse =
+                self.cfg.prefix_cache && !self.proposer.as_ref().is_some_and(|p| p.wants_hidden());
+            if r.kv.len() == 0 && reuse && r.tokens.len() > 1 {
                 let prompt = &r.tokens[..r.prompt_len];
                 let max = prompt.len().min(r.tokens.len() - 1);
                 r.kv = self.kv.match_prefix(prompt, max);
@@ -205,83 +210,111 @@ impl Core {
     }
 
     /// Run one step; returns the events of every request that committed tokens or finished.
+    /// Phases: schedule -> propose -> forward -> (hidden states to the proposer) -> verify and
+    /// commit -> roll back.
     pub fn step(&mut self) -> Result<Vec<Event>> {
         self.steps += 1;
         let plan = self.schedule();
         if plan.is_empty() {
             return Ok(Vec::new());
         }
-        // ---- propose
+        let mut proposals = self.propose(&plan)?;
+        let inputs = self.forward_inputs(&plan, &mut proposals);
+        let out = self.forward(&plan, &inputs)?;
+        self.hand_hidden(&plan, &inputs, &out.hidden);
+        let verified = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
+        self.roll_back(&plan, &verified);
+        Ok(self.collect_events())
+    }
+
+    /// Propose: the drafter drafts for every decode request that asked for drafts (one call for
+    /// all of them); timing feeds the adaptive policy's draft cost.
+    fn propose(&mut self, plan: &[Planned]) -> Result<Vec<Proposal>> {
         let mut proposals: Vec<Proposal> = plan.iter().map(|_| Proposal::default()).collect();
         let asks: Vec<usize> = (0..plan.len())
             .filter(|&j| plan[j].decode && plan[j].k_model > 0)
             .collect();
-        if !asks.is_empty() {
-            let t0 = Instant::now();
-            let reqs: Vec<ProposeRequest> = asks
-                .iter()
-                .map(|&j| {
-                    let r = &self.running[plan[j].idx];
-                    ProposeRequest {
-                        id: r.id,
-                        context: &r.tokens,
-                        prompt_len: r.prompt_len,
-                        k: plan[j].k_model,
-                        params: &r.params,
-                    }
-                })
-                .collect();
-            let proposer = self.proposer.as_mut().expect("proposer");
-            let props = proposer.propose(&reqs)?;
-            let secs = t0.elapsed().as_secs_f64();
-            if proposer.has_model() {
-                self.time_draft_s += secs;
-                let kmax = asks
-                    .iter()
-                    .map(|&j| plan[j].k_model)
-                    .max()
-                    .unwrap_or(1)
-                    .max(1);
-                let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
-                if toks > 0 {
-                    // a round that only caught up (bounded catch-up) says nothing of drafting cost
-                    self.draft_cost.observe(toks / kmax, secs / kmax as f64);
+        if asks.is_empty() {
+            return Ok(proposals);
+        }
+        let t0 = Instant::now();
+        let reqs: Vec<ProposeRequest> = asks
+            .iter()
+            .map(|&j| {
+                let r = &self.running[plan[j].idx];
+                ProposeRequest {
+                    id: r.id,
+                    context: &r.tokens,
+                    prompt_len: r.prompt_len,
+                    k: plan[j].k_model,
+                    params: &r.params,
                 }
-            }
-            for (j, p) in asks.iter().zip(props) {
-                proposals[*j] = p;
+            })
+            .collect();
+        let proposer = self.proposer.as_mut().expect("proposer");
+        let props = proposer.propose(&reqs)?;
+        let secs = t0.elapsed().as_secs_f64();
+        if proposer.has_model() {
+            self.time_draft_s += secs;
+            let kmax = asks
+                .iter()
+                .map(|&j| plan[j].k_model)
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
+            if toks > 0 {
+                // a round that only caught up (bounded catch-up) says nothing of drafting cost
+                self.draft_cost.observe(toks / kmax, secs / kmax as f64);
             }
         }
-        // ---- inputs of the target forward
+        for (j, p) in asks.iter().zip(props) {
+            proposals[*j] = p;
+        }
+        Ok(proposals)
+    }
+
+    /// Each planned request's tokens for the target forward: a prefill chunk, or
+    /// `[last committed, drafts.., certain forced tokens..]` for a decode request (draft
+    /// counters are bumped here).
+    fn forward_inputs(&mut self, plan: &[Planned], proposals: &mut [Proposal]) -> Vec<Vec<u32>> {
         let mut inputs: Vec<Vec<u32>> = Vec::with_capacity(plan.len());
         for (j, p) in plan.iter().enumerate() {
             let r = &mut self.running[p.idx];
             let base = r.kv.len();
-            if p.decode {
-                let prop = &mut proposals[j];
-                // certain tokens only line up when the drafter returned every position
-                if prop.tokens.len() == p.k_model && !p.certain.is_empty() {
-                    prop.tokens.extend_from_slice(&p.certain);
-                }
-                r.counters.drafted_tokens += p.k_model.min(prop.tokens.len()) as u64;
-                for pos in 0..p.k_model.min(prop.tokens.len()) {
-                    Counters::bump_position(&mut r.counters.drafted_per_position, pos);
-                }
-                if !prop.tokens.is_empty() {
-                    r.counters.draft_steps += 1;
-                }
-                let mut inp = vec![r.tokens[base]];
-                inp.extend_from_slice(&prop.tokens);
-                inputs.push(inp);
-            } else {
+            if !p.decode {
                 inputs.push(r.tokens[base..base + p.chunk].to_vec());
+                continue;
             }
+            let prop = &mut proposals[j];
+            // certain tokens only line up when the drafter returned every position
+            if prop.tokens.len() == p.k_model && !p.certain.is_empty() {
+                prop.tokens.extend_from_slice(&p.certain);
+            }
+            let n_model = p.k_model.min(prop.tokens.len());
+            r.counters.drafted_tokens += n_model as u64;
+            for pos in 0..n_model {
+                Counters::bump_position(&mut r.counters.drafted_per_position, pos);
+            }
+            if !prop.tokens.is_empty() {
+                r.counters.draft_steps += 1;
+            }
+            let mut inp = vec![r.tokens[base]];
+            inp.extend_from_slice(&prop.tokens);
+            inputs.push(inp);
         }
+        inputs
+    }
+
+    /// Forward: ONE target forward over every planned request's inputs (hidden states too when
+    /// the proposer wants them); its time and weight bytes are recorded.
+    fn forward(&mut self, plan: &[Planned], inputs: &[Vec<u32>]) -> Result<ForwardOut> {
+        let want_hidden = self.proposer.as_ref().is_some_and(|p| p.wants_hidden());
         let t0 = Instant::now();
-        let logits = {
+        let out = {
             let chunks: Vec<SeqChunk> = plan
                 .iter()
-                .zip(&inputs)
+                .zip(inputs)
                 .map(|(p, inp)| {
                     let r = &self.running[p.idx];
                     let last = r.kv.len() + inp.len() == r.tokens.len() || p.decode;
@@ -300,15 +333,47 @@ impl Core {
                     }
                 })
                 .collect();
-            self.model.forward(&mut self.kv, &chunks)?
+            self.model.forward_out(&mut self.kv, &chunks, want_hidden)?
         };
         let secs = t0.elapsed().as_secs_f64();
         self.time_target_s += secs;
+        self.target_weight_bytes += out.weight_bytes;
         self.target_cost
             .observe(inputs.iter().map(Vec::len).sum(), secs);
-        // ---- verify and commit
+        Ok(out)
+    }
+
+    /// Hand each request's rows of the target's hidden states to the proposer (MTP).
+    fn hand_hidden(&mut self, plan: &[Planned], inputs: &[Vec<u32>], hidden: &[f32]) {
+        let Some(pr) = self.proposer.as_mut() else {
+            return;
+        };
+        if hidden.is_empty() {
+            return;
+        }
+        let h = self.model.config.hidden_size;
+        let mut row0 = 0;
+        for (p, inp) in plan.iter().zip(inputs) {
+            let r = &self.running[p.idx];
+            let n = inp.len();
+            pr.on_target_hidden(r.id, r.kv.len(), inp, &hidden[row0 * h..(row0 + n) * h]);
+            row0 += n;
+        }
+    }
+
+    /// Verify and commit, per planned request and position: forced budget token, else greedy
+    /// match / rejection sampling; every committed token updates budget, log-prob, text, stops.
+    /// Returns per planned request (accepted drafts, drafts) (None for a prefill chunk).
+    fn verify_and_commit(
+        &mut self,
+        plan: &[Planned],
+        proposals: &[Proposal],
+        inputs: &[Vec<u32>],
+        logits: &[f32],
+    ) -> Vec<Option<(usize, usize)>> {
         let vocab = self.model.config.vocab_size;
         let mut row0 = 0;
+        let mut verified = Vec::with_capacity(plan.len());
         for (j, p) in plan.iter().enumerate() {
             let r = &mut self.running[p.idx];
             let base = r.kv.len();
@@ -334,6 +399,7 @@ impl Core {
                         self.tokenizer.as_deref(),
                     );
                 }
+                verified.push(None);
                 continue;
             }
             let prop = &proposals[j];
@@ -389,23 +455,32 @@ impl Core {
                 }
             }
             row0 += n + 1;
-            // KV now valid for: the fed last token + accepted drafts.
-            let valid = base + 1 + accepted;
-            self.kv.set_len(&mut r.kv, valid);
-            self.kv.truncate(&mut r.kv, valid);
-            publish_prefix(&mut self.kv, r, self.cfg.prefix_cache);
             if n_model > 0 {
                 let rejected = usize::from(model_accepted < n_model);
                 let obs = model_accepted as f64 / (model_accepted + rejected).max(1) as f64;
                 r.alpha = 0.85 * r.alpha + 0.15 * obs;
             }
+            verified.push(Some((accepted, n)));
+        }
+        verified
+    }
+
+    /// Roll back: each decode request's target KV is truncated to the fed last token plus its
+    /// accepted drafts; the proposer drops what it cached beyond the committed context.
+    fn roll_back(&mut self, plan: &[Planned], verified: &[Option<(usize, usize)>]) {
+        for (p, v) in plan.iter().zip(verified) {
+            let Some((accepted, n)) = *v else { continue };
+            let r = &mut self.running[p.idx];
+            let valid = r.kv.len() + 1 + accepted;
+            self.kv.set_len(&mut r.kv, valid);
+            self.kv.truncate(&mut r.kv, valid);
+            publish_prefix(&mut self.kv, r, self.cfg.prefix_cache);
             if let Some(pr) = self.proposer.as_mut() {
                 if n > 0 {
                     pr.on_commit(r.id, &r.tokens);
                 }
             }
         }
-        Ok(self.collect_events())
     }
 
     /// Take this step's events; retire finished requests.

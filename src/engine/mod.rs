@@ -100,6 +100,9 @@ pub struct EngineStats {
     pub mean_acceptance_length: f64,
     pub time_target_forward_s: f64,
     pub time_draft_s: f64,
+    /// Weight bytes the target's forwards needed (every dense matrix once per forward, the
+    /// union of the experts its tokens selected, lm_head): the roofline's numerator.
+    pub target_weight_bytes: u64,
     #[serde(skip)]
     pub kv: KvStats,
     #[serde(skip)]
@@ -140,6 +143,7 @@ enum Command {
 /// Immutable facts every thread may read without the step lock.
 struct Shared {
     vocab_size: usize,
+    target: Arc<Model>,
     tokenizer: Option<Arc<Tokenizer>>,
     think_start: Vec<u32>,
     think_end: Vec<u32>,
@@ -230,6 +234,7 @@ impl Engine {
         };
         let shared = Arc::new(Shared {
             vocab_size: c.vocab_size,
+            target: model.clone(),
             tokenizer: tokenizer.clone(),
             think_start: special("<think>"),
             think_end: special("</think>"),
@@ -252,6 +257,7 @@ impl Engine {
             steps: 0,
             time_target_s: 0.0,
             time_draft_s: 0.0,
+            target_weight_bytes: 0,
             admitted: 0,
             finished_totals: Counters::default(),
             retired: Vec::new(),
@@ -468,6 +474,7 @@ impl Engine {
             totals,
             time_target_forward_s: core.time_target_s,
             time_draft_s: core.time_draft_s,
+            target_weight_bytes: core.target_weight_bytes,
             target_kv_bytes_per_token: kv.bytes_per_token_per_layer * layers,
             draft_kv_bytes_per_token: core.proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token()),
             kv,
@@ -538,6 +545,7 @@ impl Engine {
             num_blocks: self.cfg.draft_num_blocks,
             block_size: self.cfg.block_size,
             current_draft_config: self.swaps.current_config(),
+            target: self.shared.target.clone(),
         }
     }
 

@@ -14,7 +14,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvDtype;
 use crate::model::Model;
-use crate::spec::{DraftModelProposer, NgramProposer, Proposer};
+use crate::spec::{DraftModelProposer, MtpProposer, NgramProposer, Proposer};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{WeightSource, WeightStore};
 
@@ -33,6 +33,9 @@ pub enum DraftSource {
     File(PathBuf),
     /// Safetensors bytes in memory with new weights for the CURRENT draft architecture.
     Bytes(Vec<u8>),
+    /// The target's own multi-token-prediction layer (DeepSeek-V3 MTP; the target checkpoint
+    /// must hold `model.layers.{num_hidden_layers}.*`).
+    Mtp,
 }
 
 /// State of a swap request.
@@ -57,6 +60,8 @@ pub(crate) struct SwapCtx {
     pub num_blocks: usize,
     pub block_size: usize,
     pub current_draft_config: Option<ModelConfig>,
+    /// The target model (its MTP layer drafts for `DraftSource::Mtp`).
+    pub target: Arc<Model>,
 }
 
 struct Ready {
@@ -88,6 +93,15 @@ pub(crate) fn build(
 ) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
     let (config, store, label) = match src {
         DraftSource::None => return Ok((None, None)),
+        DraftSource::Mtp => {
+            let p = MtpProposer::new(
+                ctx.target.clone(),
+                ctx.kv_dtype,
+                ctx.num_blocks,
+                ctx.block_size,
+            )?;
+            return Ok((Some(Box::new(p)), None));
+        }
         DraftSource::Ngram { min_n, max_n } => {
             if min_n == 0 || max_n < min_n {
                 return Err(Error::Draft(format!("bad n-gram range {min_n}..{max_n}")));

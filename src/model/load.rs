@@ -14,7 +14,7 @@ use crate::kernels::{matrix_row_f32, Matrix, MatrixData};
 use crate::weights::{check_tensor_set, Loader, WeightSource, WeightStore};
 
 use super::rope::Rope;
-use super::weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe};
+use super::weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer};
 
 impl Model {
     /// Load config.json and the safetensors weights of a model directory.
@@ -44,6 +44,28 @@ impl Model {
             .into_par_iter()
             .map(|i| load_layer(&ld, c, i))
             .collect::<Result<Vec<_>>>()?;
+        // MTP layers: loaded when the checkpoint has them (converted checkpoints often drop
+        // them although the config still counts them).
+        let mut mtp = Vec::new();
+        for i in c.num_hidden_layers..c.num_hidden_layers + c.num_nextn_predict_layers {
+            let p = format!("model.layers.{i}");
+            if !ld.has(&format!("{p}.eh_proj.weight")) {
+                break;
+            }
+            let head_name = format!("{p}.shared_head.head.weight");
+            mtp.push(MtpLayer {
+                enorm: ld.vector_f32(&format!("{p}.enorm.weight"), h)?,
+                hnorm: ld.vector_f32(&format!("{p}.hnorm.weight"), h)?,
+                eh_proj: ld.matrix(&format!("{p}.eh_proj.weight"), h, 2 * h)?,
+                layer: load_layer(&ld, c, i)?,
+                head_norm: ld.vector_f32(&format!("{p}.shared_head.norm.weight"), h)?,
+                head: if ld.has(&head_name) {
+                    Some(ld.matrix(&head_name, c.vocab_size, h)?)
+                } else {
+                    None
+                },
+            });
+        }
         let rope = Rope::new(c);
         Ok(Model {
             config,
@@ -53,6 +75,7 @@ impl Model {
             lm_head,
             rope,
             mtp_tensors,
+            mtp,
         })
     }
 }

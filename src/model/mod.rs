@@ -15,8 +15,10 @@ pub mod batch;
 mod forward;
 mod load;
 mod moe;
+mod mtp;
 pub mod rope;
 mod weights;
 
 pub use batch::{LogitsMode, SeqChunk};
-pub use weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe};
+pub use forward::ForwardOut;
+pub use weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer};

@@ -114,14 +114,15 @@ fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// MoE block. x: [n, hidden] -> [n, hidden].
+/// MoE block. x: [n, hidden] -> ([n, hidden], weight bytes read: router, shared experts and
+/// the union of the routed experts the tokens selected — each read once for all its tokens).
 pub(super) fn moe(
     m: &Moe,
     cfg: &MoeConfig,
     model_type: ModelType,
     x: &[f32],
     n: usize,
-) -> Vec<f32> {
+) -> (Vec<f32>, usize) {
     let ne = m.experts.len();
     let h = x.len() / n.max(1);
     let mut logits = vec![0f32; n * ne]; // [n, n_routed]
@@ -144,8 +145,14 @@ pub(super) fn moe(
         }
     }
     let k = cfg.num_experts_per_tok;
+    let bytes = m.gate.len() * 4
+        + m.shared.as_ref().map_or(0, Expert::nbytes)
+        + (0..ne)
+            .filter(|&e| !per_expert[e].is_empty())
+            .map(|e| m.experts[e].nbytes())
+            .sum::<usize>();
     if n == 1 {
-        return moe_one_token(m, &routes[0], x);
+        return (moe_one_token(m, &routes[0], x), bytes);
     }
     let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
     let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
@@ -182,7 +189,7 @@ pub(super) fn moe(
             *yv = r + *yv;
         }
     }
-    y
+    (y, bytes)
 }
 
 /// `moe` for one token (decode): the routed and shared experts' gate and up projections run as

@@ -63,6 +63,23 @@ pub struct DecoderLayer {
     pub ffn: Ffn,
 }
 
+/// A DeepSeek-V3 multi-token-prediction layer (`model.layers.{num_hidden_layers + i}`): from the
+/// embedding of token t_{j+1} and a hidden state for position j it predicts t_{j+2}.
+pub struct MtpLayer {
+    /// enorm [hidden] (embedding side).
+    pub enorm: Vec<f32>,
+    /// hnorm [hidden] (hidden-state side).
+    pub hnorm: Vec<f32>,
+    /// eh_proj [hidden, 2 * hidden]: input [enorm(e) | hnorm(h)].
+    pub eh_proj: Matrix,
+    /// A full decoder layer (attention over the MTP layer's own latent cache + MoE).
+    pub layer: DecoderLayer,
+    /// shared_head.norm [hidden].
+    pub head_norm: Vec<f32>,
+    /// shared_head.head [vocab, hidden]; None: the target's lm_head.
+    pub head: Option<Matrix>,
+}
+
 /// A loaded DeepSeek V2/V3 model.
 pub struct Model {
     pub config: ModelConfig,
@@ -75,8 +92,10 @@ pub struct Model {
     pub lm_head: Option<Matrix>,
     /// Precomputed YaRN frequencies (derived from config; no sequence state).
     pub rope: Rope,
-    /// Names of MTP tensors found in the checkpoint and left for an MTP drafter.
+    /// Names of MTP tensors found in the checkpoint.
     pub mtp_tensors: Vec<String>,
+    /// The MTP layers the checkpoint holds (empty when it has none).
+    pub mtp: Vec<MtpLayer>,
 }
 
 impl Model {
@@ -171,5 +190,38 @@ fn expert_params(e: &Expert) -> usize {
 }
 
 fn expert_bytes(e: &Expert) -> usize {
-    e.gate.nbytes() + e.up.nbytes() + e.down.nbytes()
+    e.nbytes()
+}
+
+impl Expert {
+    /// Bytes of its three matrices.
+    pub fn nbytes(&self) -> usize {
+        self.gate.nbytes() + self.up.nbytes() + self.down.nbytes()
+    }
+}
+
+impl DecoderLayer {
+    /// Bytes of the attention weights one forward reads: q / kv_a projections and o_proj, plus
+    /// kv_b_proj when some token takes the decompressed-MHA path (`mha`) and the absorbed
+    /// W_UK^T / W_UV when some token takes the absorbed path (`absorbed`).
+    pub fn attn_bytes(&self, mha: bool, absorbed: bool) -> usize {
+        let a = &self.attn;
+        let mut n = a.kv_a_proj.nbytes() + a.o_proj.nbytes();
+        if let Some((qa, _, qb)) = &a.q_lora {
+            n += qa.nbytes() + qb.nbytes();
+        }
+        n += a.q_proj.as_ref().map_or(0, Matrix::nbytes);
+        if mha {
+            n += a.kv_b_proj.nbytes();
+        }
+        if absorbed {
+            n += a
+                .w_uk_t
+                .iter()
+                .chain(&a.w_uv)
+                .map(Matrix::nbytes)
+                .sum::<usize>();
+        }
+        n
+    }
 }

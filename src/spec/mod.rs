@@ -1,4 +1,5 @@
-//! Speculative decoding, split by role: `proposer` (what to draft: a draft model or n-gram lookup),
+//! Speculative decoding, split by role: `proposer` (what to draft: a draft model, the target's MTP
+//! layer or n-gram lookup),
 //! `verifier` (rejection sampling / greedy match, per position), `policy` (how many to draft),
 //! `budget` (the reasoning budget, fed only committed target tokens), `counters`.
 //! The engine's step drives them: policy -> propose -> one batched target forward -> verify and
@@ -7,6 +8,7 @@
 pub mod budget;
 pub mod counters;
 pub mod draft_model;
+pub mod mtp;
 pub mod ngram;
 pub mod policy;
 pub mod proposer;
@@ -15,6 +17,7 @@ pub mod verifier;
 pub use budget::{BudgetConfig, BudgetState, Phase};
 pub use counters::Counters;
 pub use draft_model::DraftModelProposer;
+pub use mtp::MtpProposer;
 pub use proposer::{NgramProposer, Proposal, ProposeRequest, Proposer};
 pub use verifier::{verify_position, Verdict};
 

@@ -1,6 +1,7 @@
 //! The proposer trait: anything that suggests draft tokens for the target to verify.
 //! Implementations: `DraftModelProposer` (a smaller DeepSeek model with its own latent KV cache,
-//! returns q distributions) and `NgramProposer` (prompt lookup, no weights, q = one-hot).
+//! returns q distributions), `MtpProposer` (the target's own multi-token-prediction layer, fed
+//! the target's hidden states) and `NgramProposer` (prompt lookup, no weights, q = one-hot).
 
 use crate::error::Result;
 use crate::kv::KvStats;
@@ -57,6 +58,18 @@ pub trait Proposer: Send {
     fn has_model(&self) -> bool {
         false
     }
+    /// Whether the proposer needs the target's hidden states (the MTP drafter): then the engine
+    /// asks the target forward for them and hands every request's rows to
+    /// [`Proposer::on_target_hidden`], and skips prefix-cache reuse (a reused prefix has no
+    /// hidden states).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The target just computed positions `start .. start + fed.len()` of request `id`, fed with
+    /// `fed`; `hidden` holds their final-norm hidden states [fed.len(), hidden]. Some rows may
+    /// belong to drafts that verification rejects: the proposer keeps only rows whose fed
+    /// tokens the committed context confirms.
+    fn on_target_hidden(&mut self, _id: u64, _start: usize, _fed: &[u32], _hidden: &[f32]) {}
 }
 
 /// Prompt-lookup proposer.

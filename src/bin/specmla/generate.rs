@@ -21,8 +21,11 @@ pub struct GenerateArgs {
     #[arg(long, conflicts_with = "ngram")]
     pub draft: Option<PathBuf>,
     /// Use the n-gram (prompt lookup) proposer instead of a draft model.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mtp")]
     pub ngram: bool,
+    /// Draft with the target's own multi-token-prediction layer (DeepSeek-V3 MTP).
+    #[arg(long, conflicts_with = "draft")]
+    pub mtp: bool,
     /// Draft tokens per step (the maximum with --adaptive).
     #[arg(long, default_value_t = 4)]
     pub num_draft_tokens: usize,
@@ -89,7 +92,7 @@ pub struct GenerateArgs {
     pub max_running: usize,
     #[arg(long)]
     pub no_prefix_cache: bool,
-    /// Swap the drafter after N engine steps: N=DIR (DIR may be `none` or `ngram`); repeatable.
+    /// Swap the drafter after N engine steps: N=DIR (DIR may be `none`, `ngram` or `mtp`); repeatable.
     #[arg(long)]
     pub swap_draft_after: Vec<String>,
 }
@@ -98,6 +101,7 @@ pub fn draft_source(s: &str) -> DraftSource {
     match s {
         "none" => DraftSource::None,
         "ngram" => DraftSource::Ngram { min_n: 1, max_n: 4 },
+        "mtp" => DraftSource::Mtp,
         d => DraftSource::Dir(PathBuf::from(d)),
     }
 }
@@ -222,9 +226,10 @@ fn parse_swaps(a: &GenerateArgs) -> Result<Vec<(u64, DraftSource)>> {
 
 pub fn run(a: GenerateArgs) -> Result<()> {
     let cfg = engine_config(&a)?;
-    let draft = match (&a.draft, a.ngram) {
-        (Some(d), _) => DraftSource::Dir(d.clone()),
-        (None, true) => DraftSource::Ngram { min_n: 1, max_n: 4 },
+    let draft = match (&a.draft, a.ngram, a.mtp) {
+        (Some(d), _, _) => DraftSource::Dir(d.clone()),
+        (None, true, _) => DraftSource::Ngram { min_n: 1, max_n: 4 },
+        (None, false, true) => DraftSource::Mtp,
         _ => DraftSource::None,
     };
     let reqs = build_requests(&a)?;

@@ -1,0 +1,117 @@
+//! The MTP layer's forward (DeepSeek-V3 multi-token prediction), run by the MTP drafter.
+//!
+//! As vLLM (`model_executor/models/deepseek_mtp.py`) and SGLang (`models/deepseek_nextn.py`)
+//! serve the official weights: x_j = eh_proj([enorm(embed(t_{j+1})) | hnorm(h_j)]) — embedding
+//! first, the embedding zeroed at position 0 — then one decoder layer over the MTP layer's own
+//! latent cache at position j, logits = shared_head.head(shared_head.norm(x')) predict t_{j+2}.
+//! h_j is the target's hidden state at position j after its final norm; for chained drafts
+//! (k > 1) it is the MTP layer's own previous output x' (before shared_head.norm), as vLLM
+//! chains it.
+
+use crate::error::{Error, Result};
+use crate::kernels::{for_each_row, matmul, matrix_row_f32, rms_norm};
+use crate::kv::KvCache;
+
+use super::batch::{LogitsMode, SeqChunk};
+use super::forward::decoder_layer;
+use super::weights::Model;
+
+impl Model {
+    /// MTP layer `m` over a ragged batch: `chunks[i].tokens` are the tokens t_{j+1} at positions
+    /// j = start.., `prev` the matching hidden states h_j. Writes the MTP layer's KV (a one-layer
+    /// cache the caller reserved) and returns (logits of the rows the chunks ask for
+    /// [n_rows, vocab], every row's output x' [n, hidden] for chaining).
+    pub fn mtp_forward(
+        &self,
+        m: usize,
+        kv: &mut KvCache,
+        chunks: &[SeqChunk],
+        prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let cfg = &self.config;
+        let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let mtp = self
+            .mtp
+            .get(m)
+            .ok_or_else(|| Error::InvalidArgument(format!("model has no MTP layer {m}")))?;
+        let kc = kv.config();
+        if kc.num_layers != 1
+            || kc.kv_lora_rank != cfg.kv_lora_rank
+            || kc.rope_dim != cfg.qk_rope_head_dim
+        {
+            return Err(Error::InvalidArgument(
+                "MTP KV cache layout does not match the model".into(),
+            ));
+        }
+        let mut tokens = Vec::new(); // [n]
+        let mut pos = Vec::new(); // [n]
+        for ch in chunks {
+            for (i, &t) in ch.tokens.iter().enumerate() {
+                if t as usize >= vocab {
+                    return Err(Error::UnknownToken {
+                        id: t,
+                        vocab_size: vocab,
+                    });
+                }
+                tokens.push(t);
+                pos.push(ch.start + i);
+            }
+        }
+        let n = tokens.len();
+        if prev.len() != n * h {
+            return Err(Error::InvalidArgument(format!(
+                "MTP forward: {} hidden values for {n} tokens of width {h}",
+                prev.len()
+            )));
+        }
+        if n == 0 {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let eps = cfg.rms_norm_eps;
+        let mut cat = vec![0f32; n * 2 * h]; // [n, 2 * hidden]: [enorm(e) | hnorm(h)]
+        let mut e = vec![0f32; h]; // [hidden]
+        for i in 0..n {
+            if pos[i] == 0 {
+                e.fill(0.0);
+            } else {
+                matrix_row_f32(&self.embed, tokens[i] as usize, &mut e);
+            }
+            let row = &mut cat[i * 2 * h..(i + 1) * 2 * h];
+            let (en, hn) = row.split_at_mut(h);
+            rms_norm(&e, &mtp.enorm, eps, en);
+            rms_norm(&prev[i * h..(i + 1) * h], &mtp.hnorm, eps, hn);
+        }
+        let mut x = vec![0f32; n * h]; // [n, hidden]
+        matmul(&mtp.eh_proj, &cat, n, &mut x);
+        let mut bytes = 0u64;
+        decoder_layer(
+            cfg, &self.rope, &mtp.layer, 0, &mut x, &pos, chunks, kv, &mut bytes,
+        );
+        let mut rows = Vec::new();
+        let mut t0 = 0;
+        for ch in chunks {
+            let len = ch.tokens.len();
+            match ch.logits {
+                LogitsMode::None => {}
+                LogitsMode::Last if len > 0 => rows.push(t0 + len - 1),
+                LogitsMode::Last => {}
+                LogitsMode::All => rows.extend(t0..t0 + len),
+            }
+            t0 += len;
+        }
+        let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
+        for_each_row(&mut hs, h, rows.len() * h, |i, o| {
+            rms_norm(&x[rows[i] * h..(rows[i] + 1) * h], &mtp.head_norm, eps, o)
+        });
+        let mut logits = vec![0f32; rows.len() * vocab]; // [n_rows, vocab]
+        if !rows.is_empty() {
+            matmul(
+                mtp.head.as_ref().unwrap_or(self.lm_head()),
+                &hs,
+                rows.len(),
+                &mut logits,
+            );
+        }
+        Ok((logits, x))
+    }
+}

@@ -1,0 +1,282 @@
+//! MTP proposer: DeepSeek-V3's multi-token-prediction layer as a drafter. It shares the target's
+//! embedding and weights (the layer lives in the target checkpoint), keeps its own one-layer
+//! latent KV cache (its own dtype) and is fed the target's final-norm hidden states.
+//!
+//! Per request it holds the MTP KV of positions [0, m) and the target hidden states of the
+//! positions it has not consumed yet. Position j of the MTP layer needs (t_{j+1}, h_j), so with
+//! L committed tokens it can fill positions up to L - 2: each round it first catches up on
+//! [m, L - 1) — normally the one to k + 1 positions the last verification committed, whose
+//! hidden states that verification's target forward produced — and the last of those rows
+//! already yields draft 1 (t_{L}); drafts 2..k chain the layer on its own output (vLLM's
+//! scheme), all requests batched into one MTP forward per draft position. The chained positions'
+//! KV is dropped right after drafting (it was computed from drafted tokens and the MTP's own
+//! hidden states, never from the target's), so the MTP KV only ever holds positions whose
+//! inputs are committed tokens and target hidden states. A request without hidden states for
+//! some position it needs (drafter swapped in mid-request) drafts nothing and decodes plainly.
+//!
+//! Reading: vLLM `model_executor/models/deepseek_mtp.py` and `v1/spec_decode/eagle.py`, SGLang
+//! `models/deepseek_nextn.py` (how the official weights are fed; no code taken).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
+use crate::model::{LogitsMode, Model, SeqChunk};
+use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng};
+
+use super::proposer::{Proposal, ProposeRequest, Proposer};
+
+struct MtpSeq {
+    /// MTP KV of positions [0, kv.len()).
+    kv: SeqKv,
+    /// First position of `hidden` / `fed`.
+    hid_start: usize,
+    /// Target hidden states not consumed yet. // [fed.len(), hidden]
+    hidden: Vec<f32>,
+    /// The tokens the target was fed at those positions (checked against the committed context).
+    fed: Vec<u32>,
+    rng: Rng,
+    /// Whether `rng` was seeded from the request's params (the first `propose`; hidden rows
+    /// can arrive before it).
+    seeded: bool,
+}
+
+/// The target's MTP layer as a drafter.
+pub struct MtpProposer {
+    model: Arc<Model>,
+    kv: KvCache,
+    seqs: HashMap<u64, MtpSeq>,
+}
+
+impl MtpProposer {
+    /// `model`: the target (it must hold an MTP layer).
+    pub fn new(
+        model: Arc<Model>,
+        kv_dtype: KvDtype,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self> {
+        if model.mtp.is_empty() {
+            return Err(Error::Draft(format!(
+                "the target has no MTP layer (num_nextn_predict_layers = {}, no model.layers.{}.eh_proj.weight)",
+                model.config.num_nextn_predict_layers, model.config.num_hidden_layers
+            )));
+        }
+        let mut kc = KvConfig::for_model(&model.config, block_size, num_blocks, kv_dtype);
+        kc.num_layers = 1;
+        let kv = KvCache::new(kc)?;
+        Ok(MtpProposer {
+            model,
+            kv,
+            seqs: HashMap::new(),
+        })
+    }
+}
+
+fn new_seq(seed: u64) -> MtpSeq {
+    MtpSeq {
+        kv: SeqKv::new(),
+        hid_start: 0,
+        hidden: Vec::new(),
+        fed: Vec::new(),
+        rng: Rng::new(seed ^ 0x6d74_705f_6472_6166),
+        seeded: false,
+    }
+}
+
+impl Proposer for MtpProposer {
+    fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
+        let h = self.model.config.hidden_size;
+        let vocab = self.model.config.vocab_size;
+        let mut out: Vec<Proposal> = reqs
+            .iter()
+            .map(|_| Proposal {
+                tokens: Vec::new(),
+                q: Some(Vec::new()),
+            })
+            .collect();
+        // Plan: positions [m, L - 1) to catch up on, from the stored hidden rows.
+        struct Live {
+            i: usize,
+            tokens: Vec<u32>, // [catch-up rows] t_{j+1}
+            prev: Vec<f32>,   // [catch-up rows, hidden]
+            start: usize,     // first position
+        }
+        let mut live: Vec<Live> = Vec::new();
+        for (i, r) in reqs.iter().enumerate() {
+            let l = r.context.len();
+            if r.k == 0 || l < 2 {
+                continue;
+            }
+            let s = self
+                .seqs
+                .entry(r.id)
+                .or_insert_with(|| new_seq(r.params.seed));
+            if !s.seeded {
+                s.rng = Rng::new(r.params.seed ^ 0x6d74_705f_6472_6166);
+                s.seeded = true;
+            }
+            // Keep the longest prefix of hidden rows whose fed tokens are committed.
+            let ok = s
+                .fed
+                .iter()
+                .enumerate()
+                .take_while(|&(o, &t)| r.context.get(s.hid_start + o) == Some(&t))
+                .count();
+            s.fed.truncate(ok);
+            s.hidden.truncate(ok * h);
+            let m = s.kv.len();
+            let need_end = l - 1; // positions [m, l - 1)
+            let have = s.hid_start <= m && s.hid_start + s.fed.len() >= need_end;
+            if !have || m >= need_end {
+                continue;
+            }
+            let rows = (m - s.hid_start)..(need_end - s.hid_start);
+            let prev = s.hidden[rows.start * h..rows.end * h].to_vec();
+            let tokens = r.context[m + 1..l].to_vec();
+            // Reserve the catch-up rows and the k - 1 chained positions.
+            match self.kv.plan_grow(&s.kv, need_end + r.k - 1) {
+                Ok(plan) => self.kv.commit_grow(&mut s.kv, plan),
+                Err(_) => continue, // MTP cache full: no drafts this round
+            }
+            live.push(Live {
+                i,
+                tokens,
+                prev,
+                start: m,
+            });
+        }
+        let kmax = live.iter().map(|l| reqs[l.i].k).max().unwrap_or(0);
+        for step in 0..kmax {
+            let act: Vec<usize> = (0..live.len())
+                .filter(|&a| reqs[live[a].i].k > step)
+                .collect();
+            if act.is_empty() {
+                break;
+            }
+            let mut prev = Vec::new(); // [rows, hidden]
+            for &a in &act {
+                prev.extend_from_slice(&live[a].prev);
+            }
+            let (logits, xo) = {
+                let chunks: Vec<SeqChunk> = act
+                    .iter()
+                    .map(|&a| {
+                        let lv = &live[a];
+                        let r = &reqs[lv.i];
+                        SeqChunk {
+                            kv: &self.seqs[&r.id].kv,
+                            start: lv.start,
+                            tokens: &lv.tokens,
+                            mha_until: r.prompt_len,
+                            logits: LogitsMode::Last,
+                        }
+                    })
+                    .collect();
+                self.model.mtp_forward(0, &mut self.kv, &chunks, &prev)?
+            };
+            let mut row0 = 0;
+            for (row, &a) in act.iter().enumerate() {
+                let lv = &mut live[a];
+                let r = &reqs[lv.i];
+                let n = lv.tokens.len();
+                let s = self.seqs.get_mut(&r.id).expect("mtp seq");
+                self.kv.set_len(&mut s.kv, lv.start + n);
+                let lrow = &logits[row * vocab..(row + 1) * vocab]; // [vocab]
+                let q = processed_probs(lrow, r.params);
+                let tok = if is_greedy(r.params) {
+                    argmax(lrow)
+                } else {
+                    sample_from(&q, &mut s.rng)
+                };
+                out[lv.i].tokens.push(tok);
+                if let Some(qs) = out[lv.i].q.as_mut() {
+                    qs.push(q);
+                }
+                // Next: the drafted token with this row's output, one position on.
+                lv.prev = xo[(row0 + n - 1) * h..(row0 + n) * h].to_vec();
+                lv.start += n;
+                lv.tokens = vec![tok];
+                row0 += n;
+            }
+        }
+        // Drop the chained positions' KV: keep only positions fed by committed tokens and target
+        // hidden states ([0, L - 1)); consume the hidden rows used.
+        for r in reqs {
+            if let Some(s) = self.seqs.get_mut(&r.id) {
+                let keep = s.kv.len().min(r.context.len().saturating_sub(1));
+                self.kv.truncate(&mut s.kv, keep);
+                let drop = keep.saturating_sub(s.hid_start).min(s.fed.len());
+                s.fed.drain(..drop);
+                s.hidden.drain(..drop * h);
+                s.hid_start += drop;
+            }
+        }
+        Ok(out)
+    }
+
+    fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {
+        let h = self.model.config.hidden_size;
+        if hidden.len() != fed.len() * h || fed.is_empty() {
+            return;
+        }
+        let s = self.seqs.entry(id).or_insert_with(|| new_seq(0));
+        let end = s.hid_start + s.fed.len();
+        if s.fed.is_empty() || start < s.hid_start || start > end {
+            // First rows, or a gap / recompute: restart the stored rows here.
+            s.hid_start = start;
+            s.fed.clear();
+            s.hidden.clear();
+        } else {
+            // Replace whatever was stored from `start` on (rows of rejected drafts).
+            let keep = start - s.hid_start;
+            s.fed.truncate(keep);
+            s.hidden.truncate(keep * h);
+        }
+        s.fed.extend_from_slice(fed);
+        s.hidden.extend_from_slice(hidden);
+    }
+
+    fn on_commit(&mut self, _id: u64, _context: &[u32]) {
+        // Rows of rejected drafts are dropped lazily at the next `propose` (fed-token check);
+        // the MTP KV never holds positions beyond the committed context (see `propose`).
+    }
+
+    fn release(&mut self, id: u64) {
+        if let Some(mut s) = self.seqs.remove(&id) {
+            self.kv.free(&mut s.kv);
+        }
+    }
+
+    fn name(&self) -> String {
+        "mtp".into()
+    }
+
+    fn kv_stats(&self) -> Option<KvStats> {
+        Some(self.kv.stats())
+    }
+
+    fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
+        match self.seqs.get(&id) {
+            Some(s) if s.kv.len() + 1 > context.len().max(1) => Err(format!(
+                "request {id}: MTP KV holds {} positions for a context of {}",
+                s.kv.len(),
+                context.len()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        self.kv.bytes_per_token_per_layer()
+    }
+
+    fn has_model(&self) -> bool {
+        true
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+}
