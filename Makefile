@@ -41,7 +41,14 @@ else
 endif
 EXPECTED := $(CURDIR)/$(BUILD)/expected.json
 
-export SPECMLA_TARGET SPECMLA_DRAFT SPECMLA_DRAFT2 SPECMLA_PROMPT SPECMLA_PROMPT_IDS SPECMLA_THINK_IDS
+# A target with an MTP layer for the MTP-drafter tests (the bundled target once its MTP shard is
+# there; the golden v3_yarn fixture carries a random one).
+ifneq ($(wildcard models/target/mtp.safetensors),)
+  SPECMLA_MTP_TARGET ?= $(CURDIR)/models/target
+else
+  SPECMLA_MTP_TARGET ?= $(CURDIR)/models/golden/v3_yarn
+endif
+export SPECMLA_TARGET SPECMLA_DRAFT SPECMLA_DRAFT2 SPECMLA_PROMPT SPECMLA_PROMPT_IDS SPECMLA_THINK_IDS SPECMLA_MTP_TARGET
 export SPECMLA_MAX_TOKENS := $(MAX_TOKENS)
 export SPECMLA_BUDGET := $(BUDGET)
 

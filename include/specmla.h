@@ -72,6 +72,8 @@
 
 #define SPECMLA_DRAFT_BYTES 3
 
+#define SPECMLA_DRAFT_MTP 4
+
 /**
  * Result of every fallible call.
  */
@@ -261,6 +263,11 @@ typedef struct specmla_engine_params {
    * Share full prompt blocks across requests. Default true.
    */
   bool prefix_cache;
+  /**
+   * With no draft directory: draft with the target's MTP layer (takes precedence over the
+   * n-gram drafter). Default false.
+   */
+  bool mtp;
 } specmla_engine_params;
 
 /**
@@ -545,8 +552,8 @@ struct specmla_draft_source specmla_draft_source_default(void);
 
 /**
  * Load `target_dir` (config.json + safetensors [+ tokenizer.json]) and, when `draft_dir` is not
- * NULL, a draft model directory (else an n-gram drafter if `params->ngram_max_n > 0`, else no
- * speculation). `params` may be NULL (defaults). On success `*out_engine` receives a handle the
+ * NULL, a draft model directory (else the target's MTP layer if `params->mtp`, else an n-gram
+ * drafter if `params->ngram_max_n > 0`, else no speculation). `params` may be NULL (defaults). On success `*out_engine` receives a handle the
  * caller owns and must release with `specmla_engine_free`. Thread-safe.
  *
  * # Safety

@@ -164,6 +164,13 @@ func (e *Engine) SetDraftWeightsBytes(b []byte, wait bool) (uint64, error) {
 	return e.swap(&src, wait)
 }
 
+// SetDraftMTP swaps in the target's own multi-token-prediction layer as the drafter.
+func (e *Engine) SetDraftMTP(wait bool) (uint64, error) {
+	src := C.specmla_draft_source_default()
+	src.kind = C.SPECMLA_DRAFT_MTP
+	return e.swap(&src, wait)
+}
+
 // SwapStatus of a ticket; reason says why it failed.
 func (e *Engine) SwapStatus(ticket uint64) (state SwapState, generation uint64, reason string, err error) {
 	var st C.enum_specmla_swap_state

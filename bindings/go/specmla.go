@@ -69,6 +69,7 @@ type EngineOptions struct {
 	DraftKVNumBlocks uint32
 	BlockSize        uint32
 	Threads          uint32 // 0 = all cores
+	MTP              bool   // with no draft directory: draft with the target's MTP layer
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -77,7 +78,7 @@ func DefaultEngineOptions() EngineOptions {
 	return EngineOptions{
 		NumDraftTokens: uint32(p.num_draft_tokens), Adaptive: bool(p.adaptive),
 		KVNumBlocks: uint32(p.kv_num_blocks), DraftKVNumBlocks: uint32(p.draft_kv_num_blocks),
-		BlockSize: uint32(p.block_size), Threads: uint32(p.threads),
+		BlockSize: uint32(p.block_size), Threads: uint32(p.threads), MTP: bool(p.mtp),
 	}
 }
 
@@ -96,6 +97,7 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.draft_kv_num_blocks = C.uint32_t(o.DraftKVNumBlocks)
 	p.block_size = C.uint32_t(o.BlockSize)
 	p.threads = C.uint32_t(o.Threads)
+	p.mtp = C.bool(o.MTP)
 	ct := C.CString(target)
 	defer C.free(unsafe.Pointer(ct))
 	var cd *C.char

@@ -238,3 +238,31 @@ func TestErrorsAndClose(t *testing.T) {
 		t.Fatalf("step after Close: %v", err)
 	}
 }
+
+func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
+	s := load(t)
+	target := env("SPECMLA_MTP_TARGET", "../../models/golden/v3_yarn") // a target with an MTP layer
+	o := DefaultEngineOptions()
+	o.Threads, o.KVNumBlocks, o.DraftKVNumBlocks = 2, 256, 256
+	plain, err := NewEngine(target, "", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	ref := s.run(t, plain, false, -1)
+	o.MTP = true
+	e, err := NewEngine(target, "", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if got := s.run(t, e, true, -1); !reflect.DeepEqual(got.Tokens, ref.Tokens) || got.Counters.DraftedTokens == 0 {
+		t.Fatalf("MTP %v (drafted %d) != plain %v", got.Tokens, got.Counters.DraftedTokens, ref.Tokens)
+	}
+	if _, err := plain.SetDraftMTP(true); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.run(t, plain, true, -1); !reflect.DeepEqual(got.Tokens, ref.Tokens) {
+		t.Fatalf("after a swap to MTP %v != plain %v", got.Tokens, ref.Tokens)
+	}
+}

@@ -9,6 +9,8 @@ export interface EngineOptions {
   draftKvNumBlocks?: number;
   blockSize?: number;
   threads?: number;
+  /** With no draft directory: draft with the target's own MTP layer. */
+  mtp?: boolean;
 }
 
 export interface RequestOptions {
@@ -95,6 +97,8 @@ export declare class Engine {
   generate(prompt: string | number[] | Uint32Array, options?: RequestOptions): Promise<Output>;
   cancel(id: number): void;
   setDraftWeights(source: string | Buffer, options?: { wait?: boolean }): number;
+  /** Swap in the target's own multi-token-prediction layer (DeepSeek-V3 MTP) as the drafter. */
+  setDraftMtp(options?: { wait?: boolean }): number;
   swapStatus(ticket: number): SwapStatus;
   counters(id: number): Counters;
   stats(): Stats;

@@ -52,6 +52,11 @@ class Engine {
     return native.setDraftWeights(this._h, source, wait);
   }
 
+  /** Swap in the target's own multi-token-prediction layer as the drafter. Returns the ticket. */
+  setDraftMtp({ wait = true } = {}) {
+    return native.setDraftMtp(this._h, wait);
+  }
+
   swapStatus(ticket) {
     return native.swapStatus(this._h, ticket);
   }

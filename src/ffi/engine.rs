@@ -32,8 +32,9 @@ pub extern "C" fn specmla_draft_source_default() -> DraftSource {
 }
 
 /// Load `target_dir` (config.json + safetensors [+ tokenizer.json]) and, when `draft_dir` is not
-/// NULL, a draft model directory (else an n-gram drafter if `params->ngram_max_n > 0`, else no
-/// speculation). `params` may be NULL (defaults). On success `*out_engine` receives a handle the
+/// NULL, a draft model directory (else the target's MTP layer if `params->mtp`, else an n-gram
+/// drafter if `params->ngram_max_n > 0`, else no speculation). `params` may be NULL (defaults).
+/// On success `*out_engine` receives a handle the
 /// caller owns and must release with `specmla_engine_free`. Thread-safe.
 ///
 /// # Safety
@@ -54,7 +55,9 @@ pub unsafe extern "C" fn specmla_engine_create(
         let p = unsafe { read_params(params, engine_defaults(), "specmla_engine_params") }?;
         let cfg = engine_config(&p)?;
         let draft = if draft_dir.is_null() {
-            if p.ngram_max_n > 0 {
+            if p.mtp {
+                RsDraft::Mtp
+            } else if p.ngram_max_n > 0 {
                 RsDraft::Ngram {
                     min_n: p.ngram_min_n.max(1) as usize,
                     max_n: p.ngram_max_n as usize,
@@ -317,6 +320,7 @@ fn draft_from(s: &DraftSource) -> Result<RsDraft, FfiError> {
             }
             RsDraft::Bytes(unsafe { slice(s.bytes, s.n_bytes, "bytes") }?.to_vec())
         }
+        SPECMLA_DRAFT_MTP => RsDraft::Mtp,
         k => return Err(FfiError::invalid(format!("unknown draft source kind {k}"))),
     })
 }

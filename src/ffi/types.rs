@@ -29,6 +29,7 @@ pub const SPECMLA_DRAFT_NONE: u32 = 0;
 pub const SPECMLA_DRAFT_NGRAM: u32 = 1;
 pub const SPECMLA_DRAFT_PATH: u32 = 2;
 pub const SPECMLA_DRAFT_BYTES: u32 = 3;
+pub const SPECMLA_DRAFT_MTP: u32 = 4;
 
 /// Engine creation parameters. Get defaults from `specmla_engine_default_params()`.
 #[repr(C)]
@@ -61,6 +62,9 @@ pub struct EngineParams {
     pub max_running: u32,
     /// Share full prompt blocks across requests. Default true.
     pub prefix_cache: bool,
+    /// With no draft directory: draft with the target's MTP layer (takes precedence over the
+    /// n-gram drafter). Default false.
+    pub mtp: bool,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -258,6 +262,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         max_batch_tokens: 512,
         max_running: 64,
         prefix_cache: true,
+        mtp: false,
     }
 }
 

@@ -173,6 +173,13 @@ class Engine {
     return swap(s, wait);
   }
 
+  /// The target's own multi-token-prediction layer as the drafter (DeepSeek-V3 MTP).
+  uint64_t set_draft_mtp(bool wait = true) {
+    specmla_draft_source s = specmla_draft_source_default();
+    s.kind = SPECMLA_DRAFT_MTP;
+    return swap(s, wait);
+  }
+
   struct SwapInfo {
     specmla_swap_state state;
     uint64_t generation;

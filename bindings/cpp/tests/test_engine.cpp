@@ -177,3 +177,19 @@ TEST(Engine, ErrorsAndMoveSemantics) {
 }
 
 }  // namespace
+
+TEST(Engine, MtpDrafterGreedyEqualsPlain) {
+  ModelSetup s;
+  std::string target = env("SPECMLA_MTP_TARGET", "models/golden/v3_yarn");  // has an MTP layer
+  specmla::EngineOptions eo;
+  eo.params.threads = 2;
+  specmla::Engine plain(target, std::nullopt, eo);
+  auto ref = s.run(plain, false);
+  eo.params.mtp = true;
+  specmla::Engine e(target, std::nullopt, eo);
+  auto got = s.run(e, true);
+  EXPECT_EQ(got.tokens, ref.tokens);
+  EXPECT_GT(got.counters.drafted_tokens, 0u);
+  plain.set_draft_mtp();
+  EXPECT_EQ(s.run(plain, true).tokens, ref.tokens);
+}

@@ -472,6 +472,7 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.draft_kv_num_blocks = (uint32_t)num_prop(env, argv[2], "draftKvNumBlocks", p.draft_kv_num_blocks);
     p.block_size = (uint32_t)num_prop(env, argv[2], "blockSize", p.block_size);
     p.threads = (uint32_t)num_prop(env, argv[2], "threads", p.threads);
+    p.mtp = bool_prop(env, argv[2], "mtp", p.mtp);
   }
   specmla_engine *eng = NULL;
   specmla_status st = target ? specmla_engine_create(target, draft, &p, &eng) : SPECMLA_ERR_NULL_POINTER;
@@ -556,6 +557,21 @@ static napi_value js_set_draft_weights(napi_env env, napi_callback_info info) {
   uint64_t ticket = 0;
   specmla_status st = specmla_engine_set_draft_weights(b->eng, &src, wait, &ticket);
   free(path);
+  if (fail(env, st)) return NULL;
+  napi_value v;
+  napi_create_double(env, (double)ticket, &v);
+  return v;
+}
+
+/* setDraftMtp(handle, wait) -> ticket: the target's own MTP layer as the drafter */
+static napi_value js_set_draft_mtp(napi_env env, napi_callback_info info) {
+  ARGS(2);
+  bool wait = true;
+  if (argc >= 2) napi_get_value_bool(env, argv[1], &wait);
+  specmla_draft_source src = specmla_draft_source_default();
+  src.kind = SPECMLA_DRAFT_MTP;
+  uint64_t ticket = 0;
+  specmla_status st = specmla_engine_set_draft_weights(b->eng, &src, wait, &ticket);
   if (fail(env, st)) return NULL;
   napi_value v;
   napi_create_double(env, (double)ticket, &v);
@@ -664,6 +680,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"generate", NULL, js_generate, NULL, NULL, NULL, napi_default, NULL},
       {"cancel", NULL, js_cancel, NULL, NULL, NULL, napi_default, NULL},
       {"setDraftWeights", NULL, js_set_draft_weights, NULL, NULL, NULL, napi_default, NULL},
+      {"setDraftMtp", NULL, js_set_draft_mtp, NULL, NULL, NULL, napi_default, NULL},
       {"swapStatus", NULL, js_swap_status, NULL, NULL, NULL, napi_default, NULL},
       {"counters", NULL, js_counters, NULL, NULL, NULL, napi_default, NULL},
       {"stats", NULL, js_stats, NULL, NULL, NULL, napi_default, NULL},

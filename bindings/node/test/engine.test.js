@@ -129,3 +129,17 @@ test('errors carry status codes; close is idempotent', async () => {
   e.close();
   await assert.rejects(e.step(), { code: 'SPECMLA_ERR_INVALID_HANDLE' });
 });
+
+test('the MTP drafter (the target\'s own MTP layer) gives plain greedy output', async () => {
+  const target = env('SPECMLA_MTP_TARGET', path.join(root, 'models/golden/v3_yarn'));
+  const plain = new Engine(target, null, { threads: 2 });
+  const ref = await plain.generate(prompt(), opts(false));
+  const e = new Engine(target, null, { threads: 2, mtp: true });
+  const got = await e.generate(prompt(), opts(true));
+  assert.deepEqual(got.tokens, ref.tokens);
+  assert.ok(got.counters.draftedTokens > 0);
+  plain.setDraftMtp();
+  assert.deepEqual((await plain.generate(prompt(), opts(true))).tokens, ref.tokens);
+  e.close();
+  plain.close();
+});
