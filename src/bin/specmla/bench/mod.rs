@@ -99,6 +99,15 @@ pub struct BenchArgs {
     pub work_dir: Option<PathBuf>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Speculation bench drafters, comma-separated: draft, draft-weak, mtp, ngram.
+    #[arg(long, default_value = "draft,draft-weak,mtp,ngram")]
+    pub drafters: String,
+    /// Speculation bench draft lengths k (adaptive always runs too, with k_max = the largest).
+    #[arg(long, default_value = "1,2,4,8")]
+    pub ks: String,
+    /// Speculation bench: skip the widened (memory-bound) copy of the target.
+    #[arg(long)]
+    pub no_wide: bool,
 }
 
 /// One bench section: JSON for machines, lines for people.

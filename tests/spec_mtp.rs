@@ -1,0 +1,325 @@
+//! The MTP drafter (the target's own DeepSeek-V3 multi-token-prediction layer, stored in
+//! models/target as the second shard mtp.safetensors and trained by tools/train/train_mtp.py):
+//! - its log-probs equal the torch reference (tools/train/train_mtp.py --reference, fp32 compute
+//!   over the same bf16 weights) to 1e-4;
+//! - greedy speculation with it is bitwise lossless (tokens and committed log-probs) for k = 1..4,
+//!   across reasoning budgets (none / 0 / 1 / < k / half), chunked prefill, preemption with
+//!   recompute and its own fp8 KV cache, and swaps to and from it mid-generation;
+//! - it gets drafts accepted (it was trained for this target), and a target without an MTP layer
+//!   refuses it with a clear error.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::repo;
+use serde_json::Value;
+use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
+use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
+use specmla::model::{LogitsMode, Model, SeqChunk};
+use specmla::sampling::log_softmax;
+use specmla::spec::SpecMode;
+use specmla::weights::{WeightSource, WeightStore};
+
+fn target() -> PathBuf {
+    repo().join("models/target")
+}
+
+fn cfg(spec: SpecMode) -> EngineConfig {
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec,
+        threads: 2,
+        num_blocks: 512,
+        draft_num_blocks: 512,
+        ..EngineConfig::default()
+    }
+}
+
+/// Workload prompts with budget edge cases.
+fn requests(n: usize) -> Vec<Request> {
+    let text =
+        std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("workload");
+    text.lines()
+        .take(n)
+        .enumerate()
+        .map(|(i, l)| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            let ids: Vec<u32> = v["prompt_token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            let natural = v["natural_thinking_tokens"].as_u64().unwrap_or(40) as usize;
+            let mut r = Request::new(Prompt::Tokens(ids));
+            r.sampling.max_tokens = 96;
+            r.reasoning_budget = match i % 6 {
+                0 | 1 => None,
+                2 => Some(0),
+                3 => Some(1),
+                4 => Some(3),
+                _ => Some(natural / 2),
+            };
+            r.logprobs = true;
+            r
+        })
+        .collect()
+}
+
+fn run(engine: &Engine, reqs: Vec<Request>, swaps: &[(u64, DraftSource)]) -> Vec<Output> {
+    let mut ids = Vec::new();
+    for r in reqs {
+        ids.push(engine.submit(r).unwrap());
+    }
+    let mut outs: Vec<Output> = ids
+        .iter()
+        .map(|&id| Output {
+            id,
+            text: String::new(),
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            counters: Default::default(),
+        })
+        .collect();
+    let mut open = ids.len();
+    let mut step = 0u64;
+    while open > 0 {
+        for (at, src) in swaps {
+            if *at == step {
+                engine.set_draft_weights_blocking(src.clone()).unwrap();
+            }
+        }
+        for ev in engine.step().unwrap() {
+            let o = outs.iter_mut().find(|o| o.id == ev.id).unwrap();
+            o.token_ids.extend(&ev.tokens);
+            o.logprobs.extend(&ev.logprobs);
+            if let Some(f) = ev.finish {
+                o.finish_reason = f.as_str().into();
+                open -= 1;
+            }
+        }
+        engine
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        step += 1;
+        assert!(step < 20_000, "no progress");
+    }
+    for o in &mut outs {
+        o.counters = engine.request_counters(o.id).unwrap();
+    }
+    outs
+}
+
+fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
+    for ((b, g), r) in base.iter().zip(got).zip(reqs) {
+        assert_eq!(b.token_ids, g.token_ids, "{label}: tokens differ");
+        let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
+        let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(bb, gb, "{label}: committed log-probs not bitwise equal");
+        if let Some(bud) = r.reasoning_budget {
+            assert!(
+                g.counters.reasoning_tokens <= bud as u64,
+                "{label}: reasoning over budget"
+            );
+        }
+        assert_eq!(
+            b.counters.reasoning_tokens, g.counters.reasoning_tokens,
+            "{label}: reasoning count"
+        );
+    }
+}
+
+#[test]
+fn mtp_log_probs_match_the_torch_reference() {
+    let model = Model::load_dir(&target()).unwrap();
+    assert_eq!(model.mtp.len(), 1, "models/target holds one MTP layer");
+    let c = &model.config;
+    let st = WeightStore::open(WeightSource::File(
+        repo().join("models/golden/mtp_reference.safetensors"),
+    ))
+    .unwrap();
+    let mut cases = 0;
+    for i in 0.. {
+        let Some(p) = st.get(&format!("prompt_{i}")) else {
+            break;
+        };
+        let ids: Vec<u32> = p
+            .data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect();
+        let r = st.get(&format!("mtp_log_probs_{i}")).unwrap();
+        let want: Vec<f32> = r
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let n = ids.len();
+        // Target forward: final-norm hidden states of every position.
+        let mut kv = KvCache::new(KvConfig::for_model(c, 16, 64, KvDtype::F32)).unwrap();
+        let mut seq = SeqKv::new();
+        let plan = kv.plan_grow(&seq, n).unwrap();
+        kv.commit_grow(&mut seq, plan);
+        let chunk = SeqChunk {
+            kv: &seq,
+            start: 0,
+            tokens: &ids,
+            mha_until: n,
+            logits: LogitsMode::None,
+        };
+        let out = model.forward_out(&mut kv, &[chunk], true).unwrap();
+        assert_eq!(out.hidden.len(), n * c.hidden_size);
+        // MTP over positions 0..n-2: token j+1 with hidden j.
+        let mut mkv = {
+            let mut kc = KvConfig::for_model(c, 16, 64, KvDtype::F32);
+            kc.num_layers = 1;
+            KvCache::new(kc).unwrap()
+        };
+        let mut mseq = SeqKv::new();
+        let plan = mkv.plan_grow(&mseq, n - 1).unwrap();
+        mkv.commit_grow(&mut mseq, plan);
+        let chunk = SeqChunk {
+            kv: &mseq,
+            start: 0,
+            tokens: &ids[1..],
+            mha_until: n,
+            logits: LogitsMode::All,
+        };
+        let (logits, _) = model
+            .mtp_forward(
+                0,
+                &mut mkv,
+                &[chunk],
+                &out.hidden[..(n - 1) * c.hidden_size],
+            )
+            .unwrap();
+        let v = c.vocab_size;
+        let mut worst = 0f32;
+        for j in 0..n - 1 {
+            let lp = log_softmax(&logits[j * v..(j + 1) * v]);
+            for (a, b) in lp.iter().zip(&want[j * v..(j + 1) * v]) {
+                worst = worst.max((a - b).abs());
+            }
+        }
+        assert!(
+            worst < 1e-4,
+            "case {i}: MTP log-probs differ from torch by {worst}"
+        );
+        cases += 1;
+    }
+    assert!(cases > 0, "reference cases");
+}
+
+#[test]
+fn mtp_greedy_is_bitwise_lossless_for_every_k_budget_and_cache_layout() {
+    let reqs = requests(18);
+    let base = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    for k in 1..=4 {
+        let e = Engine::new(&target(), DraftSource::Mtp, cfg(SpecMode::Fixed(k))).unwrap();
+        let got = run(&e, reqs.clone(), &[]);
+        assert_same(&format!("mtp k={k}"), &base, &got, &reqs);
+        let t = e.stats().totals;
+        assert!(t.accepted_tokens > 0 && t.drafted_tokens >= t.accepted_tokens);
+        if k == 1 {
+            let a = t.accepted_tokens as f64 / t.drafted_tokens as f64;
+            assert!(a > 0.3, "trained MTP layer: k=1 acceptance {a}");
+        }
+    }
+    // chunked prefill + fp8 MTP KV; a small pool forcing preemption and recompute
+    let mut c = cfg(SpecMode::Fixed(3));
+    c.max_batch_tokens = 7;
+    c.draft_kv_dtype = Some(KvDtype::Fp8E4M3);
+    let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+    assert_same(
+        "mtp chunked + fp8 kv",
+        &base,
+        &run(&e, reqs.clone(), &[]),
+        &reqs,
+    );
+    let mut c = cfg(SpecMode::Fixed(2));
+    c.num_blocks = 24;
+    c.block_size = 8;
+    let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+    let got = run(&e, reqs.clone(), &[]);
+    assert_same("mtp preemption", &base, &got, &reqs);
+    assert!(
+        got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0,
+        "pool was meant to force preemption"
+    );
+    // adaptive
+    let e = Engine::new(
+        &target(),
+        DraftSource::Mtp,
+        cfg(SpecMode::Adaptive { k_max: 4 }),
+    )
+    .unwrap();
+    assert_same("mtp adaptive", &base, &run(&e, reqs.clone(), &[]), &reqs);
+}
+
+#[test]
+fn swaps_to_and_from_mtp_keep_outputs() {
+    let reqs = requests(12);
+    let base = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    let e = Engine::new(
+        &target(),
+        DraftSource::Dir(repo().join("models/draft")),
+        cfg(SpecMode::Fixed(3)),
+    )
+    .unwrap();
+    let swaps = vec![
+        (4, DraftSource::Mtp),
+        (20, DraftSource::Dir(repo().join("models/draft-weak"))),
+        (30, DraftSource::Mtp),
+        (45, DraftSource::None),
+        (50, DraftSource::Mtp),
+    ];
+    let got = run(&e, reqs.clone(), &swaps);
+    assert_same("swaps", &base, &got, &reqs);
+    assert_eq!(e.stats().draft_generation, 5);
+    assert_eq!(e.stats().drafter, "mtp");
+}
+
+#[test]
+fn a_target_without_mtp_refuses_the_mtp_drafter() {
+    let no_mtp = repo().join("models/golden/v3_dense3");
+    let e = Engine::new(&no_mtp, DraftSource::Mtp, cfg(SpecMode::Fixed(2)));
+    let msg = e.err().expect("refused").to_string();
+    assert!(msg.contains("MTP"), "{msg}");
+    let e = Engine::new(&no_mtp, DraftSource::None, cfg(SpecMode::Fixed(2))).unwrap();
+    assert!(e.set_draft_weights_blocking(DraftSource::Mtp).is_err());
+    assert_eq!(e.stats().drafter, "none");
+}
+
+#[test]
+fn a_random_mtp_layer_is_lossless_too() {
+    // v3_yarn's golden checkpoint carries a random MTP layer: acceptance ~0, outputs unchanged.
+    let g = repo().join("models/golden/v3_yarn");
+    let reqs: Vec<Request> = (0..8)
+        .map(|i| {
+            let mut r = Request::new(Prompt::Tokens(
+                (0..5 + i).map(|t| 13 + (t * 7 + i) as u32 % 100).collect(),
+            ));
+            r.sampling.max_tokens = 20;
+            r.logprobs = true;
+            r
+        })
+        .collect();
+    let base = run(
+        &Engine::new(&g, DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    let e = Engine::new(&g, DraftSource::Mtp, cfg(SpecMode::Fixed(3))).unwrap();
+    assert_same("random mtp", &base, &run(&e, reqs.clone(), &[]), &reqs);
+    assert!(e.stats().totals.drafted_tokens > 0);
+}
