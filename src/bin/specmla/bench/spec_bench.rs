@@ -372,6 +372,20 @@ fn run_target(
     if let (Some(nat), Some(_)) = (natural, think_end) {
         budget_sets.push(("50%".into(), nat.iter().map(|&x| Some(x / 2)).collect()));
     }
+    // Warm-up (untimed): page in the mapped weights and the pools, so the first measured run
+    // (a plain one) is not the one that pays for the first touch.
+    progress(&format!("spec bench: {tname}: warm-up"));
+    let warm: Vec<WorkItem> = items.iter().take(2).cloned().collect();
+    run_once(
+        target,
+        DraftSource::None,
+        &base,
+        SpecMode::Fixed(0),
+        1,
+        &warm,
+        &[None, None],
+        32,
+    )?;
     let mut rows = Vec::new();
     let mut runs_json = Vec::new();
     let mut all_identical = true;
