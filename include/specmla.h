@@ -553,7 +553,8 @@ struct specmla_draft_source specmla_draft_source_default(void);
 /**
  * Load `target_dir` (config.json + safetensors [+ tokenizer.json]) and, when `draft_dir` is not
  * NULL, a draft model directory (else the target's MTP layer if `params->mtp`, else an n-gram
- * drafter if `params->ngram_max_n > 0`, else no speculation). `params` may be NULL (defaults). On success `*out_engine` receives a handle the
+ * drafter if `params->ngram_max_n > 0`, else no speculation). `params` may be NULL (defaults).
+ * On success `*out_engine` receives a handle the
  * caller owns and must release with `specmla_engine_free`. Thread-safe.
  *
  * # Safety
