@@ -22,6 +22,11 @@ use crate::tokenizer::Tokenizer;
 use super::request::{Event, FinishReason, ReqState};
 use super::EngineConfig;
 
+/// The adaptive policy's acceptance prior for a drafter nothing has been measured of.
+pub(crate) const DRAFTER_ALPHA_PRIOR: f64 = 0.7;
+/// Verifications after which a request's own acceptance estimate replaces the drafter's.
+const OWN_ALPHA_AFTER: u32 = 4;
+
 /// What the scheduler decided for one running request this step.
 struct Planned {
     /// Index into `running`.
@@ -51,6 +56,8 @@ pub(crate) struct Core {
     pub time_draft_s: f64,
     /// Weight bytes the target forwards needed (dense weights + union of selected experts).
     pub target_weight_bytes: u64,
+    /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
+    pub drafter_alpha: f64,
     pub admitted: u64,
     /// Counters of requests that finished (summed).
     pub finished_totals: Counters,
@@ -122,6 +129,7 @@ impl Core {
                         &self.draft_cost,
                         &self.running[i],
                         n_decode,
+                        self.drafter_alpha,
                     )
                 } else {
                     (0, Vec::new(), 0)
@@ -338,8 +346,12 @@ impl Core {
         let secs = t0.elapsed().as_secs_f64();
         self.time_target_s += secs;
         self.target_weight_bytes += out.weight_bytes;
-        self.target_cost
-            .observe(inputs.iter().map(Vec::len).sum(), secs);
+        // The policy's cost model is fitted on decode / verification steps only: a prefill
+        // chunk's per-token cost says nothing about what a few more verified tokens cost.
+        if plan.iter().all(|p| p.decode) {
+            self.target_cost
+                .observe(inputs.iter().map(Vec::len).sum(), secs);
+        }
         Ok(out)
     }
 
@@ -458,7 +470,13 @@ impl Core {
             if n_model > 0 {
                 let rejected = usize::from(model_accepted < n_model);
                 let obs = model_accepted as f64 / (model_accepted + rejected).max(1) as f64;
-                r.alpha = 0.85 * r.alpha + 0.15 * obs;
+                r.alpha = if r.alpha_obs == 0 {
+                    obs
+                } else {
+                    0.85 * r.alpha + 0.15 * obs
+                };
+                r.alpha_obs += 1;
+                self.drafter_alpha = 0.95 * self.drafter_alpha + 0.05 * obs;
             }
             verified.push(Some((accepted, n)));
         }
@@ -541,10 +559,16 @@ fn choose_drafts(
     draft: &LinearCost,
     r: &ReqState,
     n_decode: usize,
+    drafter_alpha: f64,
 ) -> (usize, Vec<u32>, usize) {
+    let a = if r.alpha_obs >= OWN_ALPHA_AFTER {
+        r.alpha
+    } else {
+        drafter_alpha
+    };
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
-        SpecMode::Adaptive { k_max } => choose_k(r.alpha, k_max, n_decode, target, draft),
+        SpecMode::Adaptive { k_max } => choose_k(a, k_max, n_decode, target, draft),
     };
     // never draft past max_tokens: k drafts commit at most k + 1 tokens
     let left = r.params.max_tokens.saturating_sub(r.generated());

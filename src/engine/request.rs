@@ -107,6 +107,9 @@ pub(crate) struct ReqState {
     pub want_logprobs: bool,
     /// Running acceptance estimate (per draft token) for the adaptive policy.
     pub alpha: f64,
+    /// Verifications that updated `alpha` (until a few, the drafter's engine-wide estimate is
+    /// used instead: a new request starts from what the drafter has shown, not a fixed prior).
+    pub alpha_obs: u32,
     /// Prompt blocks already published to the prefix cache.
     pub prefix_registered: bool,
     /// Event being built this step.

@@ -251,6 +251,8 @@ impl Swaps {
         for r in ready {
             core.proposer = r.proposer;
             core.draft_generation += 1;
+            core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR; // a new drafter: no evidence yet
+            core.draft_cost = Default::default();
             if r.config.is_some() || core.proposer.is_none() {
                 *self.current.lock().expect("swap lock") = r.config;
             }

@@ -73,9 +73,11 @@ pub fn choose_k(
     target: &LinearCost,
     draft: &LinearCost,
 ) -> usize {
-    let (Some((tb, tt)), Some((db, dt))) = (target.fit(), draft.fit()) else {
+    let Some((tb, tt)) = target.fit() else {
         return k_max; // no measurements yet: explore
     };
+    // A drafter without a model (n-gram) is never timed: it costs nothing.
+    let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
     let b = batch.max(1) as f64;
     let mut best = (0usize, 0.0f64);
     for k in 0..=k_max {
@@ -123,6 +125,10 @@ mod tests {
             0,
             "large batch, compute bound"
         );
+        // an untimed (model-free) drafter is free, but low acceptance still does not pay
+        let untimed = LinearCost::default();
+        assert_eq!(choose_k(0.05, 8, 1, &compute_bound, &untimed), 0);
+        assert!(choose_k(0.95, 8, 1, &target, &untimed) >= 3);
     }
 
     #[test]
