@@ -92,20 +92,7 @@ impl Model {
                 "KV cache layout does not match the model".into(),
             ));
         }
-        let mut tokens = Vec::new(); // [n]
-        let mut pos = Vec::new(); // [n]
-        for ch in chunks {
-            for (i, &t) in ch.tokens.iter().enumerate() {
-                if t as usize >= vocab {
-                    return Err(Error::UnknownToken {
-                        id: t,
-                        vocab_size: vocab,
-                    });
-                }
-                tokens.push(t);
-                pos.push(ch.start + i);
-            }
-        }
+        let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
         let n = tokens.len();
         if n == 0 {
             return Ok(ForwardOut {
@@ -124,22 +111,7 @@ impl Model {
                 cfg, &self.rope, layer, li, &mut x, &pos, chunks, kv, &mut bytes,
             );
         }
-        // Rows that want logits.
-        let mut rows = Vec::new();
-        let mut t0 = 0;
-        for ch in chunks {
-            let len = ch.tokens.len();
-            match ch.logits {
-                LogitsMode::None => {}
-                LogitsMode::Last => {
-                    if len > 0 {
-                        rows.push(t0 + len - 1)
-                    }
-                }
-                LogitsMode::All => rows.extend(t0..t0 + len),
-            }
-            t0 += len;
-        }
+        let rows = logit_rows(chunks);
         let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
         for (i, &r) in rows.iter().enumerate() {
             rms_norm(
@@ -167,6 +139,43 @@ impl Model {
             weight_bytes: bytes,
         })
     }
+}
+
+/// Every chunk's tokens and absolute positions in batch order, token ids checked against the
+/// vocabulary. -> ([n], [n])
+pub(crate) fn flatten(chunks: &[SeqChunk], vocab: usize) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut tokens = Vec::new(); // [n]
+    let mut pos = Vec::new(); // [n]
+    for ch in chunks {
+        for (i, &t) in ch.tokens.iter().enumerate() {
+            if t as usize >= vocab {
+                return Err(Error::UnknownToken {
+                    id: t,
+                    vocab_size: vocab,
+                });
+            }
+            tokens.push(t);
+            pos.push(ch.start + i);
+        }
+    }
+    Ok((tokens, pos))
+}
+
+/// Batch rows whose logits the chunks ask for, in chunk order.
+pub(crate) fn logit_rows(chunks: &[SeqChunk]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut t0 = 0;
+    for ch in chunks {
+        let len = ch.tokens.len();
+        match ch.logits {
+            LogitsMode::None => {}
+            LogitsMode::Last if len > 0 => rows.push(t0 + len - 1),
+            LogitsMode::Last => {}
+            LogitsMode::All => rows.extend(t0..t0 + len),
+        }
+        t0 += len;
+    }
+    rows
 }
 
 /// RMSNorm of every row. x, out: [n, hidden].

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::kernels::{for_each_row, matmul, matrix_row_f32, rms_norm};
 use crate::kv::KvCache;
 
-use super::batch::{LogitsMode, SeqChunk};
-use super::forward::decoder_layer;
+use super::batch::SeqChunk;
+use super::forward::{decoder_layer, flatten, logit_rows};
 use super::weights::Model;
 
 impl Model {
@@ -43,20 +43,7 @@ impl Model {
                 "MTP KV cache layout does not match the model".into(),
             ));
         }
-        let mut tokens = Vec::new(); // [n]
-        let mut pos = Vec::new(); // [n]
-        for ch in chunks {
-            for (i, &t) in ch.tokens.iter().enumerate() {
-                if t as usize >= vocab {
-                    return Err(Error::UnknownToken {
-                        id: t,
-                        vocab_size: vocab,
-                    });
-                }
-                tokens.push(t);
-                pos.push(ch.start + i);
-            }
-        }
+        let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
         let n = tokens.len();
         if prev.len() != n * h {
             return Err(Error::InvalidArgument(format!(
@@ -87,18 +74,7 @@ impl Model {
         decoder_layer(
             cfg, &self.rope, &mtp.layer, 0, &mut x, &pos, chunks, kv, &mut bytes,
         );
-        let mut rows = Vec::new();
-        let mut t0 = 0;
-        for ch in chunks {
-            let len = ch.tokens.len();
-            match ch.logits {
-                LogitsMode::None => {}
-                LogitsMode::Last if len > 0 => rows.push(t0 + len - 1),
-                LogitsMode::Last => {}
-                LogitsMode::All => rows.extend(t0..t0 + len),
-            }
-            t0 += len;
-        }
+        let rows = logit_rows(chunks);
         let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
         for_each_row(&mut hs, h, rows.len() * h, |i, o| {
             rms_norm(&x[rows[i] * h..(rows[i] + 1) * h], &mtp.head_norm, eps, o)

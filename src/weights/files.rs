@@ -92,3 +92,32 @@ pub(crate) fn write_safetensors(path: &Path, tensors: &[OutTensor]) -> Result<()
     }
     safetensors::serialize_to_file(views, None, path).map_err(st)
 }
+
+/// `dir/config.json` as JSON.
+pub(crate) fn read_config_json(dir: &Path) -> Result<Value> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Config {
+        field: "config.json".into(),
+        msg: format!("{}: invalid JSON: {e}", p.display()),
+    })
+}
+
+/// Copy every file of `src` except the weights and config.json (tokenizer, generation config,
+/// model card) into `dst`.
+pub(crate) fn copy_non_weight_files(src: &Path, dst: &Path) -> Result<()> {
+    for e in std::fs::read_dir(src).map_err(|e| io(src, e))? {
+        let path = e.map_err(|e| io(src, e))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let skip = name == "config.json"
+            || name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json";
+        if path.is_file() && !skip {
+            std::fs::copy(&path, dst.join(&name)).map_err(|e| io(&path, e))?;
+        }
+    }
+    Ok(())
+}

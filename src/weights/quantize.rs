@@ -21,7 +21,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::dtype::{decode_to_f32, DType};
-use super::files::{io, shard_files, write_safetensors};
+use super::files::{copy_non_weight_files, io, read_config_json, shard_files, write_safetensors};
 use super::safetensors_store::{WeightSource, WeightStore};
 use crate::error::{Error, Result};
 use crate::kv::dtype::f32_to_fp8;
@@ -54,12 +54,8 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
             "quantize: block size {block} must be a positive multiple of 8"
         )));
     }
-    let cfg_path = src.join("config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
-    let mut cfg: Value = serde_json::from_str(&text).map_err(|e| Error::Config {
-        field: "config.json".into(),
-        msg: format!("{}: invalid JSON: {e}", cfg_path.display()),
-    })?;
+    let mut cfg: Value = read_config_json(src)?;
+
     if cfg.get("quantization_config").is_some_and(|q| !q.is_null()) {
         return Err(Error::InvalidArgument(format!(
             "quantize: {} is already quantised",
@@ -135,19 +131,7 @@ pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeRepo
     let p = dst.join("config.json");
     std::fs::write(&p, serde_json::to_string_pretty(&cfg).expect("json")).map_err(|e| io(&p, e))?;
     // Everything else (tokenizer, generation config, model card) as it is.
-    for e in std::fs::read_dir(src).map_err(|e| io(src, e))? {
-        let path = e.map_err(|e| io(src, e))?.path();
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default();
-        let skip = name == "config.json"
-            || name.ends_with(".safetensors")
-            || name == "model.safetensors.index.json";
-        if path.is_file() && !skip {
-            std::fs::copy(&path, dst.join(&name)).map_err(|e| io(&path, e))?;
-        }
-    }
+    copy_non_weight_files(src, dst)?;
     Ok(report)
 }
 
