@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::repo;
+use common::{assert_same_outputs, repo, run_checked};
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kv::KvDtype;
 use specmla::spec::SpecMode;
@@ -76,67 +76,11 @@ fn requests(n: usize) -> Vec<Request> {
 
 /// Run all requests as one continuous batch, checking invariants after every step.
 fn run(engine: &Engine, reqs: Vec<Request>) -> Vec<Output> {
-    let mut ids = Vec::new();
-    for r in reqs {
-        ids.push(engine.submit(r).unwrap());
-    }
-    let mut outs: Vec<Output> = ids
-        .iter()
-        .map(|&id| Output {
-            id,
-            text: String::new(),
-            token_ids: vec![],
-            logprobs: vec![],
-            finish_reason: String::new(),
-            counters: Default::default(),
-        })
-        .collect();
-    let mut open = ids.len();
-    let mut steps = 0;
-    while open > 0 {
-        for ev in engine.step().unwrap() {
-            let o = outs.iter_mut().find(|o| o.id == ev.id).unwrap();
-            o.token_ids.extend(&ev.tokens);
-            o.logprobs.extend(&ev.logprobs);
-            if let Some(f) = ev.finish {
-                o.finish_reason = f.as_str().into();
-                open -= 1;
-            }
-        }
-        engine
-            .check_invariants()
-            .unwrap_or_else(|e| panic!("step {steps}: {e}"));
-        steps += 1;
-        assert!(steps < 10_000, "no progress");
-    }
-    for o in &mut outs {
-        o.counters = engine.request_counters(o.id).unwrap();
-    }
-    outs
+    run_checked(engine, reqs, &[])
 }
 
 fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
-    for ((b, g), r) in base.iter().zip(got).zip(reqs) {
-        assert_eq!(b.token_ids, g.token_ids, "{label}: tokens differ");
-        assert_eq!(b.finish_reason, g.finish_reason, "{label}: finish differs");
-        let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
-        let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
-        assert_eq!(bb, gb, "{label}: committed log-probs not bitwise equal");
-        if let Some(bud) = r.reasoning_budget {
-            assert!(
-                g.counters.reasoning_tokens <= bud as u64,
-                "{label}: reasoning over budget"
-            );
-        }
-        assert_eq!(
-            b.counters.reasoning_tokens, g.counters.reasoning_tokens,
-            "{label}: reasoning count differs"
-        );
-        assert_eq!(
-            b.counters.forced_end_of_think,
-            g.counters.forced_end_of_think
-        );
-    }
+    assert_same_outputs(label, base, got, reqs)
 }
 
 fn baseline(reqs: &[Request]) -> Vec<Output> {

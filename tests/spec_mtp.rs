@@ -12,14 +12,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::repo;
+use common::{assert_same_outputs, reference_cases, repo, run_checked};
 use serde_json::Value;
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
 use specmla::model::{LogitsMode, Model, SeqChunk};
 use specmla::sampling::log_softmax;
 use specmla::spec::SpecMode;
-use specmla::weights::{WeightSource, WeightStore};
 
 fn target() -> PathBuf {
     repo().join("models/target")
@@ -68,67 +67,11 @@ fn requests(n: usize) -> Vec<Request> {
 }
 
 fn run(engine: &Engine, reqs: Vec<Request>, swaps: &[(u64, DraftSource)]) -> Vec<Output> {
-    let mut ids = Vec::new();
-    for r in reqs {
-        ids.push(engine.submit(r).unwrap());
-    }
-    let mut outs: Vec<Output> = ids
-        .iter()
-        .map(|&id| Output {
-            id,
-            text: String::new(),
-            token_ids: vec![],
-            logprobs: vec![],
-            finish_reason: String::new(),
-            counters: Default::default(),
-        })
-        .collect();
-    let mut open = ids.len();
-    let mut step = 0u64;
-    while open > 0 {
-        for (at, src) in swaps {
-            if *at == step {
-                engine.set_draft_weights_blocking(src.clone()).unwrap();
-            }
-        }
-        for ev in engine.step().unwrap() {
-            let o = outs.iter_mut().find(|o| o.id == ev.id).unwrap();
-            o.token_ids.extend(&ev.tokens);
-            o.logprobs.extend(&ev.logprobs);
-            if let Some(f) = ev.finish {
-                o.finish_reason = f.as_str().into();
-                open -= 1;
-            }
-        }
-        engine
-            .check_invariants()
-            .unwrap_or_else(|e| panic!("step {step}: {e}"));
-        step += 1;
-        assert!(step < 20_000, "no progress");
-    }
-    for o in &mut outs {
-        o.counters = engine.request_counters(o.id).unwrap();
-    }
-    outs
+    run_checked(engine, reqs, swaps)
 }
 
 fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
-    for ((b, g), r) in base.iter().zip(got).zip(reqs) {
-        assert_eq!(b.token_ids, g.token_ids, "{label}: tokens differ");
-        let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
-        let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
-        assert_eq!(bb, gb, "{label}: committed log-probs not bitwise equal");
-        if let Some(bud) = r.reasoning_budget {
-            assert!(
-                g.counters.reasoning_tokens <= bud as u64,
-                "{label}: reasoning over budget"
-            );
-        }
-        assert_eq!(
-            b.counters.reasoning_tokens, g.counters.reasoning_tokens,
-            "{label}: reasoning count"
-        );
-    }
+    assert_same_outputs(label, base, got, reqs)
 }
 
 #[test]
@@ -136,26 +79,12 @@ fn mtp_log_probs_match_the_torch_reference() {
     let model = Model::load_dir(&target()).unwrap();
     assert_eq!(model.mtp.len(), 1, "models/target holds one MTP layer");
     let c = &model.config;
-    let st = WeightStore::open(WeightSource::File(
-        repo().join("models/golden/mtp_reference.safetensors"),
-    ))
-    .unwrap();
     let mut cases = 0;
-    for i in 0.. {
-        let Some(p) = st.get(&format!("prompt_{i}")) else {
-            break;
-        };
-        let ids: Vec<u32> = p
-            .data
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
-            .collect();
-        let r = st.get(&format!("mtp_log_probs_{i}")).unwrap();
-        let want: Vec<f32> = r
-            .data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
+    let refs = reference_cases(
+        &repo().join("models/golden/mtp_reference.safetensors"),
+        "mtp_log_probs",
+    );
+    for (i, (ids, want)) in refs.into_iter().enumerate() {
         let n = ids.len();
         // Target forward: final-norm hidden states of every position.
         let mut kv = KvCache::new(KvConfig::for_model(c, 16, 64, KvDtype::F32)).unwrap();

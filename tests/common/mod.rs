@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use specmla::engine::{DraftSource, Engine, Output, Request};
 use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
 use specmla::model::{LogitsMode, Model, SeqChunk};
 use specmla::weights::{WeightSource, WeightStore};
@@ -23,8 +24,12 @@ pub fn golden_dirs() -> Vec<PathBuf> {
 
 /// Reference prompts (token ids) and full-forward logits [len, vocab] of a golden fixture.
 pub fn golden_reference(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>)> {
-    let st = WeightStore::open(WeightSource::File(dir.join("reference.safetensors")))
-        .expect("reference");
+    reference_cases(&dir.join("reference.safetensors"), "logits_full")
+}
+
+/// Cases `prompt_{i}` (i64 token ids) + `{values}_{i}` (f32) of a reference safetensors file.
+pub fn reference_cases(path: &Path, values: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
+    let st = WeightStore::open(WeightSource::File(path.to_path_buf())).expect("reference");
     let mut out = Vec::new();
     for i in 0.. {
         let Some(p) = st.get(&format!("prompt_{i}")) else {
@@ -35,7 +40,7 @@ pub fn golden_reference(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>)> {
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
             .collect();
-        let l = st.get(&format!("logits_full_{i}")).expect("logits");
+        let l = st.get(&format!("{values}_{i}")).expect("reference values");
         let logits: Vec<f32> = l
             .data
             .chunks_exact(4)
@@ -100,4 +105,81 @@ pub fn pool(threads: usize) -> rayon::ThreadPool {
         .num_threads(threads)
         .build()
         .unwrap()
+}
+
+/// Run all requests as one continuous batch, applying `swaps` (step -> drafter) and checking
+/// the engine's invariants after every step; outputs in submission order with counters.
+pub fn run_checked(
+    engine: &Engine,
+    reqs: Vec<Request>,
+    swaps: &[(u64, DraftSource)],
+) -> Vec<Output> {
+    let mut ids = Vec::new();
+    for r in reqs {
+        ids.push(engine.submit(r).unwrap());
+    }
+    let mut outs: Vec<Output> = ids
+        .iter()
+        .map(|&id| Output {
+            id,
+            text: String::new(),
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            counters: Default::default(),
+        })
+        .collect();
+    let mut open = ids.len();
+    let mut step = 0u64;
+    while open > 0 {
+        for (at, src) in swaps {
+            if *at == step {
+                engine.set_draft_weights_blocking(src.clone()).unwrap();
+            }
+        }
+        for ev in engine.step().unwrap() {
+            let o = outs.iter_mut().find(|o| o.id == ev.id).unwrap();
+            o.token_ids.extend(&ev.tokens);
+            o.logprobs.extend(&ev.logprobs);
+            if let Some(f) = ev.finish {
+                o.finish_reason = f.as_str().into();
+                open -= 1;
+            }
+        }
+        engine
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("step {step}: {e}"));
+        step += 1;
+        assert!(step < 20_000, "no progress");
+    }
+    for o in &mut outs {
+        o.counters = engine.request_counters(o.id).unwrap();
+    }
+    outs
+}
+
+/// Speculative outputs equal the plain ones: tokens, finish reason, committed log-probs bitwise,
+/// reasoning counts and forced end-of-think; the reasoning count never exceeds the budget.
+pub fn assert_same_outputs(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
+    for ((b, g), r) in base.iter().zip(got).zip(reqs) {
+        assert_eq!(b.token_ids, g.token_ids, "{label}: tokens differ");
+        assert_eq!(b.finish_reason, g.finish_reason, "{label}: finish differs");
+        let bb: Vec<u32> = b.logprobs.iter().map(|x| x.to_bits()).collect();
+        let gb: Vec<u32> = g.logprobs.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(bb, gb, "{label}: committed log-probs not bitwise equal");
+        if let Some(bud) = r.reasoning_budget {
+            assert!(
+                g.counters.reasoning_tokens <= bud as u64,
+                "{label}: reasoning over budget"
+            );
+        }
+        assert_eq!(
+            b.counters.reasoning_tokens, g.counters.reasoning_tokens,
+            "{label}: reasoning count differs"
+        );
+        assert_eq!(
+            b.counters.forced_end_of_think,
+            g.counters.forced_end_of_think
+        );
+    }
 }
