@@ -59,6 +59,19 @@
 #define SPECMLA_KV_FP8_E4M3 4
 
 /**
+ * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has;
+ * asking for a level the CPU lacks fails engine creation (SPECMLA_ERR_INVALID_ARGUMENT). Every
+ * level gives the same bits.
+ */
+#define SPECMLA_ISA_AUTO 0
+
+#define SPECMLA_ISA_PORTABLE 1
+
+#define SPECMLA_ISA_AVX2 2
+
+#define SPECMLA_ISA_AVX512 3
+
+/**
  * Draft source kinds for `specmla_draft_source.kind`.
  * NONE: speculation off. NGRAM: prompt-lookup drafter. PATH: a model directory (any draft
  * architecture with the target's vocabulary) or a .safetensors file (new weights for the current
@@ -268,6 +281,10 @@ typedef struct specmla_engine_params {
    * n-gram drafter). Default false.
    */
   bool mtp;
+  /**
+   * SPECMLA_ISA_*: kernel instruction set. Default AUTO.
+   */
+  uint32_t isa;
 } specmla_engine_params;
 
 /**

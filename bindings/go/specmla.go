@@ -70,6 +70,7 @@ type EngineOptions struct {
 	BlockSize        uint32
 	Threads          uint32 // 0 = all cores
 	MTP              bool   // with no draft directory: draft with the target's MTP layer
+	ISA              uint32 // kernel instruction set: 0 auto, 1 portable, 2 avx2, 3 avx512
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -98,6 +99,7 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.block_size = C.uint32_t(o.BlockSize)
 	p.threads = C.uint32_t(o.Threads)
 	p.mtp = C.bool(o.MTP)
+	p.isa = C.uint32_t(o.ISA)
 	ct := C.CString(target)
 	defer C.free(unsafe.Pointer(ct))
 	var cd *C.char

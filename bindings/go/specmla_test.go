@@ -251,6 +251,7 @@ func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
 	defer plain.Close()
 	ref := s.run(t, plain, false, -1)
 	o.MTP = true
+	o.ISA = 1 // portable kernels: the same bits as the auto-chosen ones
 	e, err := NewEngine(target, "", o)
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ export interface EngineOptions {
   threads?: number;
   /** With no draft directory: draft with the target's own MTP layer. */
   mtp?: boolean;
+  /** Kernel instruction set: 0 auto (default), 1 portable, 2 avx2, 3 avx512. */
+  isa?: number;
 }
 
 export interface RequestOptions {

@@ -84,6 +84,14 @@ fn engine_params_are_validated() {
     p.kv_dtype = SPECMLA_KV_FP8_E4M3;
     let c = engine_config(&p).expect("fp8");
     assert_eq!(c.draft_kv_dtype, Some(crate::kv::KvDtype::Fp8E4M3));
+    p = engine_defaults();
+    p.isa = SPECMLA_ISA_PORTABLE;
+    assert_eq!(
+        engine_config(&p).expect("portable").isa,
+        Some(crate::kernels::IsaLevel::Portable)
+    );
+    p.isa = 99;
+    assert!(engine_config(&p).is_err());
 }
 
 #[test]

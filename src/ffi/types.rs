@@ -7,6 +7,7 @@ use std::ffi::c_char;
 
 use super::{FfiError, FfiResult};
 use crate::engine::EngineConfig;
+use crate::kernels::IsaLevel;
 use crate::kv::KvDtype;
 use crate::spec::{Counters, SpecMode};
 
@@ -20,6 +21,14 @@ pub const SPECMLA_KV_F32: u32 = 1;
 pub const SPECMLA_KV_BF16: u32 = 2;
 pub const SPECMLA_KV_F16: u32 = 3;
 pub const SPECMLA_KV_FP8_E4M3: u32 = 4;
+
+/// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has;
+/// asking for a level the CPU lacks fails engine creation (SPECMLA_ERR_INVALID_ARGUMENT). Every
+/// level gives the same bits.
+pub const SPECMLA_ISA_AUTO: u32 = 0;
+pub const SPECMLA_ISA_PORTABLE: u32 = 1;
+pub const SPECMLA_ISA_AVX2: u32 = 2;
+pub const SPECMLA_ISA_AVX512: u32 = 3;
 
 /// Draft source kinds for `specmla_draft_source.kind`.
 /// NONE: speculation off. NGRAM: prompt-lookup drafter. PATH: a model directory (any draft
@@ -65,6 +74,8 @@ pub struct EngineParams {
     /// With no draft directory: draft with the target's MTP layer (takes precedence over the
     /// n-gram drafter). Default false.
     pub mtp: bool,
+    /// SPECMLA_ISA_*: kernel instruction set. Default AUTO.
+    pub isa: u32,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -263,6 +274,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         max_running: 64,
         prefix_cache: true,
         mtp: false,
+        isa: SPECMLA_ISA_AUTO,
     }
 }
 
@@ -359,6 +371,17 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
     }
     let kv = kv_dtype(p.kv_dtype, KvDtype::F32, "kv_dtype")?;
     let draft_kv = kv_dtype(p.draft_kv_dtype, kv, "draft_kv_dtype")?;
+    let isa = match p.isa {
+        SPECMLA_ISA_AUTO => None,
+        SPECMLA_ISA_PORTABLE => Some(IsaLevel::Portable),
+        SPECMLA_ISA_AVX2 => Some(IsaLevel::Avx2),
+        SPECMLA_ISA_AVX512 => Some(IsaLevel::Avx512),
+        other => {
+            return Err(FfiError::invalid(format!(
+                "isa: unknown SPECMLA_ISA_* value {other}"
+            )))
+        }
+    };
     Ok(EngineConfig {
         threads: p.threads as usize,
         kv_dtype: kv,
@@ -374,7 +397,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         } else {
             SpecMode::Fixed(k)
         },
-        isa: None,
+        isa,
     })
 }
 
