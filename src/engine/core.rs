@@ -16,7 +16,9 @@ use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
 use crate::spec::policy::{choose_k, LinearCost};
-use crate::spec::{Counters, Proposal, ProposeRequest, Proposer, SpecMode, Verdict};
+use crate::spec::{
+    Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
+};
 use crate::tokenizer::Tokenizer;
 
 use super::request::{Event, FinishReason, ReqState};
@@ -58,6 +60,8 @@ pub(crate) struct Core {
     pub target_weight_bytes: u64,
     /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
     pub drafter_alpha: f64,
+    /// Adaptive mode: measured drafting vs plain rates; drafting off while it loses.
+    pub guard: SpecGuard,
     pub admitted: u64,
     /// Counters of requests that finished (summed).
     pub finished_totals: Counters,
@@ -104,7 +108,8 @@ impl Core {
     }
 
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
-    fn schedule(&mut self) -> Vec<Planned> {
+    /// `kind` Plain: nobody drafts this step (the adaptive guard's decision).
+    fn schedule(&mut self, kind: StepKind) -> Vec<Planned> {
         self.running.sort_by_key(|r| r.admitted_seq);
         let mut budget = self.cfg.max_batch_tokens.max(1);
         let mut plan: Vec<Planned> = Vec::new();
@@ -121,7 +126,8 @@ impl Core {
             }
             let pending = self.running[i].pending();
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
-                let spec_on = self.proposer.is_some() && self.running[i].speculate;
+                let spec_on =
+                    self.proposer.is_some() && self.running[i].speculate && kind == StepKind::Free;
                 let (k, c, s) = if spec_on {
                     choose_drafts(
                         self.cfg.spec,
@@ -218,11 +224,19 @@ impl Core {
     }
 
     /// Run one step; returns the events of every request that committed tokens or finished.
-    /// Phases: schedule -> propose -> forward -> (hidden states to the proposer) -> verify and
-    /// commit -> roll back.
+    /// Phases: (adaptive: the guard's step kind) -> schedule -> propose -> forward -> (hidden
+    /// states to the proposer) -> verify and commit -> roll back -> (adaptive: the guard measures).
     pub fn step(&mut self) -> Result<Vec<Event>> {
         self.steps += 1;
-        let plan = self.schedule();
+        let t_step = Instant::now();
+        let adaptive =
+            matches!(self.cfg.spec, SpecMode::Adaptive { .. }) && self.proposer.is_some();
+        let kind = if adaptive {
+            self.guard.next_step()
+        } else {
+            StepKind::Free
+        };
+        let plan = self.schedule(kind);
         if plan.is_empty() {
             return Ok(Vec::new());
         }
@@ -232,6 +246,12 @@ impl Core {
         self.hand_hidden(&plan, &inputs, &out.hidden);
         let verified = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
         self.roll_back(&plan, &verified);
+        if adaptive && plan.iter().all(|p| p.decode) {
+            let drafted = proposals.iter().any(|p| !p.tokens.is_empty());
+            let committed: usize = verified.iter().flatten().map(|(a, _)| a + 1).sum();
+            self.guard
+                .observe(drafted, committed, t_step.elapsed().as_secs_f64());
+        }
         Ok(self.collect_events())
     }
 

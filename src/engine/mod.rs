@@ -259,6 +259,7 @@ impl Engine {
             time_draft_s: 0.0,
             target_weight_bytes: 0,
             drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
+            guard: Default::default(),
             admitted: 0,
             finished_totals: Counters::default(),
             retired: Vec::new(),

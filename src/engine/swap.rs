@@ -253,6 +253,7 @@ impl Swaps {
             core.draft_generation += 1;
             core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR; // a new drafter: no evidence yet
             core.draft_cost = Default::default();
+            core.guard = Default::default();
             if r.config.is_some() || core.proposer.is_none() {
                 *self.current.lock().expect("swap lock") = r.config;
             }

@@ -8,6 +8,7 @@
 pub mod budget;
 pub mod counters;
 pub mod draft_model;
+pub mod guard;
 pub mod mtp;
 pub mod ngram;
 pub mod policy;
@@ -17,6 +18,7 @@ pub mod verifier;
 pub use budget::{BudgetConfig, BudgetState, Phase};
 pub use counters::Counters;
 pub use draft_model::DraftModelProposer;
+pub use guard::{SpecGuard, StepKind};
 pub use mtp::MtpProposer;
 pub use proposer::{NgramProposer, Proposal, ProposeRequest, Proposer};
 pub use verifier::{verify_position, Verdict};

@@ -1,0 +1,136 @@
+//! Speculation guard of the adaptive policy: the policy's cost model predicts, the guard
+//! measures. It keeps the committed tokens per second of decode-only engine steps that drafted
+//! and of those that did not (exponential averages), switches drafting off while drafting
+//! measures slower than not drafting (by more than 3 %), and keeps both rates fresh with probe
+//! steps of the other kind (1 in 16). A new drafter (swap) starts a fresh guard.
+//!
+//! Where it sits: the engine's step asks it, once per step in adaptive mode, whether this step
+//! may draft (`StepKind`), and feeds it the step's outcome. It never touches verification, so
+//! outputs are unchanged whatever it decides.
+
+/// What the next step may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// The policy chooses k per request.
+    Free,
+    /// No drafts this step (plain decoding).
+    Plain,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Rate {
+    value: f64,
+    samples: u32,
+}
+
+impl Rate {
+    fn observe(&mut self, x: f64) {
+        self.value = if self.samples == 0 {
+            x
+        } else {
+            0.8 * self.value + 0.2 * x
+        };
+        self.samples += 1;
+    }
+}
+
+/// Measured drafting vs plain rates (see the module doc).
+#[derive(Clone, Debug, Default)]
+pub struct SpecGuard {
+    drafting: Rate,
+    plain: Rate,
+    steps: u64,
+}
+
+/// Probe period (steps) and the samples each rate needs before it is trusted.
+const PROBE_EVERY: u64 = 16;
+const MIN_SAMPLES: u32 = 3;
+/// Drafting is kept while it measures at least this fraction of the plain rate.
+const KEEP_RATIO: f64 = 0.97;
+
+impl SpecGuard {
+    /// Decide the next step's kind.
+    pub fn next_step(&mut self) -> StepKind {
+        self.steps += 1;
+        let probe = self.steps % PROBE_EVERY == 0;
+        if self.plain.samples < MIN_SAMPLES {
+            // learn the plain rate early: every 4th step plain
+            return if self.steps % 4 == 0 {
+                StepKind::Plain
+            } else {
+                StepKind::Free
+            };
+        }
+        if self.drafting.samples < MIN_SAMPLES {
+            return StepKind::Free;
+        }
+        if self.drafting_loses() {
+            if probe {
+                StepKind::Free
+            } else {
+                StepKind::Plain
+            }
+        } else if probe {
+            StepKind::Plain
+        } else {
+            StepKind::Free
+        }
+    }
+
+    /// Whether drafting currently measures slower than plain decoding.
+    pub fn drafting_loses(&self) -> bool {
+        self.plain.samples >= MIN_SAMPLES
+            && self.drafting.samples >= MIN_SAMPLES
+            && self.drafting.value < KEEP_RATIO * self.plain.value
+    }
+
+    /// A decode-only step committed `tokens` in `secs`; `drafted` whether any request drafted.
+    pub fn observe(&mut self, drafted: bool, tokens: usize, secs: f64) {
+        if secs <= 0.0 || tokens == 0 {
+            return;
+        }
+        let r = tokens as f64 / secs;
+        if drafted {
+            self.drafting.observe(r);
+        } else {
+            self.plain.observe(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(g: &mut SpecGuard, steps: usize, spec_rate: f64, plain_rate: f64) -> usize {
+        let mut drafted_steps = 0;
+        for _ in 0..steps {
+            let d = g.next_step() == StepKind::Free;
+            drafted_steps += usize::from(d);
+            g.observe(d, 1, 1.0 / if d { spec_rate } else { plain_rate });
+        }
+        drafted_steps
+    }
+
+    #[test]
+    fn drafting_that_loses_is_switched_off_but_probed() {
+        let mut g = SpecGuard::default();
+        let d = run(&mut g, 400, 50.0, 100.0);
+        assert!(g.drafting_loses());
+        assert!(d < 60, "drafted in {d} of 400 steps");
+        assert!(d > 10, "still probes: {d}");
+    }
+
+    #[test]
+    fn drafting_that_wins_keeps_running_and_recovers() {
+        let mut g = SpecGuard::default();
+        let d = run(&mut g, 400, 150.0, 100.0);
+        assert!(!g.drafting_loses());
+        assert!(d > 300, "drafted in {d} of 400 steps");
+        // the drafter gets slower than plain, then faster again: the guard follows both ways
+        run(&mut g, 200, 50.0, 100.0);
+        assert!(g.drafting_loses());
+        run(&mut g, 400, 150.0, 100.0);
+        assert!(!g.drafting_loses());
+    }
+}
