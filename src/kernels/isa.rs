@@ -119,13 +119,29 @@ impl Isa {
     pub fn avx512(&self) -> bool {
         self.level >= IsaLevel::Avx512
     }
+    /// AVX-512 level on a CPU that also has AVX512-VBMI (byte permutes): the fp8 GEMV decodes
+    /// two rows per register with one `vpermb` (same bits as without).
+    pub fn vbmi(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.avx512() && is_x86_feature_detected!("avx512vbmi")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
     /// What `specmla info` prints: the level and the kernels it selects.
     pub fn describe(&self) -> String {
         match self.level {
             IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
             IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
             IsaLevel::Avx512 => {
-                "avx512 (AVX-512F/DQ/BW/VL: 16-lane two-token GEMM and small-batch tiles; AVX2 GEMV for one token)".into()
+                if self.vbmi() {
+                    "avx512 (AVX-512F/DQ/BW/VL: 16-lane two-token GEMM and small-batch tiles; AVX2 GEMV for one token, fp8 GEMV two rows per register with AVX512-VBMI)".into()
+                } else {
+                    "avx512 (AVX-512F/DQ/BW/VL: 16-lane two-token GEMM and small-batch tiles; AVX2 GEMV for one token)".into()
+                }
             }
         }
     }

@@ -240,3 +240,93 @@ pub(crate) unsafe fn tile2_mem<const MR: usize, const NP: usize>(
         }
     }
 }
+
+/// One-token fp8 GEMV tile of 4 rows with AVX512-VBMI: each zmm accumulator holds two rows'
+/// 8-lane accumulators ([row i | row i + 1]); 32 weight bytes (2 rows x 2 chunks) become 32 f16
+/// words with ONE masked `vpermb`, then the f16 bit trick of `lanes::fp8_unscaled` and two
+/// 16-lane converts — half the shuffle work per byte of `simd::direct_fp8`. Every row keeps
+/// that function's sequence exactly (per column block a fresh accumulator over its chunks in
+/// order, folded as total = fma(scale, blk, total); `hsum8` at the end), so the bits are the
+/// same. Also prefetches the next 4 rows. Writes the 4 lane sums to `out[0..4]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn gemv_fp8_vbmi4(
+    w: *const u8,
+    ws: usize,
+    x: *const f32,
+    nchunks: usize,
+    block_chunks: usize,
+    scales: *const f32,
+    ss: usize,
+    out: *mut f32,
+) {
+    // Byte 2w + 1 (the high byte of word w) takes source byte: words 0-7 row i chunk c (bytes
+    // 0-7), 8-15 row i + 1 chunk c (16-23), 16-23 row i chunk c + 1 (8-15), 24-31 row i + 1
+    // chunk c + 1 (24-31); the low bytes are zeroed by the mask.
+    let mut idx = [0u8; 64];
+    for wd in 0..32 {
+        let src = match wd / 8 {
+            0 => wd,
+            1 => 16 + wd - 8,
+            2 => 8 + wd - 16,
+            _ => 24 + wd - 24,
+        };
+        idx[2 * wd + 1] = src as u8;
+    }
+    let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
+    let hi_bytes: __mmask64 = 0xAAAA_AAAA_AAAA_AAAA;
+    let clear14 = _mm512_set1_epi16(0xBFFFu16 as i16);
+    let rows = [w, w.add(ws), w.add(2 * ws), w.add(3 * ws)];
+    let mut total = [_mm512_setzero_ps(); 2];
+    let mut c0 = 0;
+    let mut b = 0;
+    while c0 < nchunks {
+        let c1 = (c0 + block_chunks).min(nchunks);
+        let mut blk = [_mm512_setzero_ps(); 2];
+        let mut c = c0;
+        while c + 2 <= c1 {
+            if c % 8 == 0 {
+                for r in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((4 + r) * ws + c * 8) as *const i8);
+                }
+            }
+            let xa = _mm512_broadcast_f32x8(_mm256_loadu_ps(x.add(c * 8)));
+            let xb = _mm512_broadcast_f32x8(_mm256_loadu_ps(x.add(c * 8 + 8)));
+            for (p, bp) in blk.iter_mut().enumerate() {
+                let lo = _mm_loadu_si128(rows[2 * p].add(c * 8) as *const __m128i);
+                let hi = _mm_loadu_si128(rows[2 * p + 1].add(c * 8) as *const __m128i);
+                let v = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi);
+                let words = _mm512_maskz_permutexvar_epi8(hi_bytes, idx, _mm512_castsi256_si512(v));
+                let f16 = _mm512_and_si512(_mm512_srai_epi16::<1>(words), clear14);
+                let a = _mm512_cvtph_ps(_mm512_castsi512_si256(f16));
+                let bb = _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(f16));
+                *bp = _mm512_fmadd_ps(a, xa, *bp);
+                *bp = _mm512_fmadd_ps(bb, xb, *bp);
+            }
+            c += 2;
+        }
+        if c < c1 {
+            // an odd chunk at the end of the block: the 8-lane decode per row
+            let xa = _mm512_broadcast_f32x8(_mm256_loadu_ps(x.add(c * 8)));
+            for (p, bp) in blk.iter_mut().enumerate() {
+                let a0 = <u8 as super::simd::WLoad>::load8(rows[2 * p].add(c * 8));
+                let a1 = <u8 as super::simd::WLoad>::load8(rows[2 * p + 1].add(c * 8));
+                let a = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(a0), a1);
+                *bp = _mm512_fmadd_ps(a, xa, *bp);
+            }
+        }
+        for (p, tp) in total.iter_mut().enumerate() {
+            let s0 = _mm256_set1_ps(*scales.add(2 * p * ss + b));
+            let s1 = _mm256_set1_ps(*scales.add((2 * p + 1) * ss + b));
+            let sv = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(s0), s1);
+            *tp = _mm512_fmadd_ps(sv, blk[p], *tp);
+        }
+        c0 = c1;
+        b += 1;
+    }
+    for (p, tp) in total.iter().enumerate() {
+        *out.add(2 * p) = hsum8(_mm512_castps512_ps256(*tp));
+        *out.add(2 * p + 1) = hsum8(_mm512_extractf32x8_ps::<1>(*tp));
+    }
+}

@@ -106,13 +106,14 @@ fn pool(threads: usize) -> rayon::ThreadPool {
         .expect("pool")
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 7] = [
     Kind::F32,
     Kind::Bf16,
     Kind::F16,
     Kind::Fp8(128, 128),
     Kind::Fp8(3, 16),
     Kind::Fp8(5, 12),
+    Kind::Fp8(4, 24),
 ];
 
 #[test]

@@ -546,6 +546,25 @@ impl Job<'_> {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
                             go!(p, half::f16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
                         }
+                        // One token, 4-row tiles, AVX512-VBMI: two rows per register.
+                        WRef::Fp8 {
+                            data, block_cols, ..
+                        } if n == 1 && mr == 4 && self.isa.vbmi() => {
+                            let p = data.as_ptr().add((wr0 + i0) * cols);
+                            let ncb = cols.div_ceil(block_cols);
+                            let sp = s.s256.as_ptr().add(i0 * ncb);
+                            // SAFETY: Isa::vbmi() is true only after AVX-512 and VBMI were detected.
+                            super::simd512::gemv_fp8_vbmi4(
+                                p,
+                                cols,
+                                xp,
+                                nch,
+                                block_cols / LANES,
+                                sp,
+                                ncb,
+                                op,
+                            )
+                        }
                         WRef::Fp8 {
                             data, block_cols, ..
                         } => {
