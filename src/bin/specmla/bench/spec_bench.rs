@@ -390,6 +390,7 @@ fn run_target(
     let mut runs_json = Vec::new();
     let mut all_identical = true;
     let mut acc_lines = Vec::new();
+    let mut mtp_lines: Vec<String> = Vec::new();
     for (bname, budgets) in &budget_sets {
         for &b in batches {
             progress(&format!(
@@ -475,6 +476,17 @@ fn run_target(
                         (verify_bytes + draft_steps * d.step_bytes) / plain_step_bytes.max(1.0);
                     let roof = expected_tokens(acc, k_eff.round() as usize) / bytes_ratio.max(1e-9);
                     let cost = spec.step_cost() / plain.step_cost();
+                    // What this acceptance would give on a 61-layer DeepSeek-V3 with its one MTP
+                    // layer (a draft step = 1/61 of a target step, a verification reading what
+                    // one step reads): E(a, k) / (1 + k / 61).
+                    let roof61 =
+                        expected_tokens(acc, k_eff.round() as usize) / (1.0 + k_eff / 61.0);
+                    if d.name == "mtp" && bname == "none" && b == batches[0] {
+                        mtp_lines.push(format!(
+                            "mtp k={kname}: acceptance {:.1}% -> roofline on a 61-layer target (MTP = 1/61 of a step, verification = one step): {roof61:.2}x",
+                            100.0 * acc
+                        ));
+                    }
                     let draft_ms_tok = 1e3 * spec.stats.time_draft_s
                         / spec.stats.totals.drafted_tokens.max(1) as f64;
                     let target_ms =
@@ -508,6 +520,7 @@ fn run_target(
                         "identical": identical, "cost_ratio_step_over_plain": cost,
                         "bytes_ratio_step_over_plain": bytes_ratio, "roofline_speedup": roof,
                         "measured_over_roofline": speedup / roof,
+                        "roofline_61_layer_target": roof61,
                         "plain_step_weight_bytes": plain_step_bytes, "spec_step_verify_weight_bytes": verify_bytes,
                         "draft_step_weight_bytes": d.step_bytes, "draft_ms_per_token": draft_ms_tok,
                         "plain_target_step_ms": target_ms, "steps": spec.stats.steps,
@@ -548,7 +561,7 @@ fn run_target(
         ],
         &rows,
     );
-    for l in &acc_lines {
+    for l in acc_lines.iter().chain(&mtp_lines) {
         text += l;
         text += "\n";
     }
