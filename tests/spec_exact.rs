@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_same_outputs, repo, run_checked};
+use common::{assert_same_outputs, repo, run_checked, spec_test_cfg};
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kv::KvDtype;
 use specmla::spec::SpecMode;
@@ -21,14 +21,7 @@ fn golden(name: &str) -> std::path::PathBuf {
 }
 
 fn cfg(spec: SpecMode) -> EngineConfig {
-    EngineConfig {
-        kv_dtype: KvDtype::F32,
-        spec,
-        threads: 2,
-        num_blocks: 512,
-        draft_num_blocks: 512,
-        ..EngineConfig::default()
-    }
+    spec_test_cfg(spec)
 }
 
 /// Deterministic prompts + budget edge cases.

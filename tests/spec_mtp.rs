@@ -12,7 +12,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{assert_same_outputs, reference_cases, repo, run_checked};
+use common::{assert_same_outputs, reference_cases, repo, run_checked, spec_test_cfg};
 use serde_json::Value;
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
@@ -25,14 +25,7 @@ fn target() -> PathBuf {
 }
 
 fn cfg(spec: SpecMode) -> EngineConfig {
-    EngineConfig {
-        kv_dtype: KvDtype::F32,
-        spec,
-        threads: 2,
-        num_blocks: 512,
-        draft_num_blocks: 512,
-        ..EngineConfig::default()
-    }
+    spec_test_cfg(spec)
 }
 
 /// Workload prompts with budget edge cases.

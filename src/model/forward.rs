@@ -25,7 +25,8 @@ pub struct ForwardOut {
 }
 
 /// One decoder layer over the batch: x += attn(norm(x)); x += ffn(norm(x)). `kv_layer` is the
-/// layer's index in `kv`. Adds the weight bytes it read to `bytes`. x: [n, hidden].
+/// layer's index in `kv`; `xn` is scratch for the normed rows (reused across layers). Adds the
+/// weight bytes it read to `bytes`. x, xn: [n, hidden].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer(
     cfg: &ModelConfig,
@@ -33,17 +34,17 @@ pub(crate) fn decoder_layer(
     layer: &DecoderLayer,
     kv_layer: usize,
     x: &mut [f32],
+    xn: &mut [f32],
     pos: &[usize],
     chunks: &[SeqChunk],
     kv: &mut KvCache,
     bytes: &mut u64,
 ) {
     let n = pos.len();
-    let mut xn = vec![0f32; x.len()]; // [n, hidden]
-    norm_rows(x, &layer.input_norm, cfg.rms_norm_eps, &mut xn);
-    let a = mla_attention(cfg, rope, &layer.attn, kv_layer, &xn, pos, chunks, kv);
+    norm_rows(x, &layer.input_norm, cfg.rms_norm_eps, xn);
+    let a = mla_attention(cfg, rope, &layer.attn, kv_layer, xn, pos, chunks, kv);
     x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-    norm_rows(x, &layer.post_norm, cfg.rms_norm_eps, &mut xn);
+    norm_rows(x, &layer.post_norm, cfg.rms_norm_eps, xn);
     let mha = chunks.iter().any(|c| c.start < c.mha_until);
     let absorbed = chunks
         .iter()
@@ -106,33 +107,35 @@ impl Model {
         for_each_row(&mut x, h, n * h, |i, row| {
             matrix_row_f32(&self.embed, tokens[i] as usize, row)
         });
+        let mut xn = vec![0f32; n * h]; // [n, hidden]
         for (li, layer) in self.layers.iter().enumerate() {
             decoder_layer(
-                cfg, &self.rope, layer, li, &mut x, &pos, chunks, kv, &mut bytes,
+                cfg, &self.rope, layer, li, &mut x, &mut xn, &pos, chunks, kv, &mut bytes,
             );
         }
+        // Final norm: every row when the caller wants the hidden states (the logit rows are
+        // taken from them), else only the logit rows.
         let rows = logit_rows(chunks);
+        let hidden = if want_hidden {
+            norm_rows(&x, &self.norm, cfg.rms_norm_eps, &mut xn);
+            xn
+        } else {
+            Vec::new()
+        };
         let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
         for (i, &r) in rows.iter().enumerate() {
-            rms_norm(
-                &x[r * h..(r + 1) * h],
-                &self.norm,
-                cfg.rms_norm_eps,
-                &mut hs[i * h..(i + 1) * h],
-            );
+            let o = &mut hs[i * h..(i + 1) * h];
+            if want_hidden {
+                o.copy_from_slice(&hidden[r * h..(r + 1) * h]);
+            } else {
+                rms_norm(&x[r * h..(r + 1) * h], &self.norm, cfg.rms_norm_eps, o);
+            }
         }
         let mut logits = vec![0f32; rows.len() * vocab]; // [n_rows, vocab]
         if !rows.is_empty() {
             matmul(self.lm_head(), &hs, rows.len(), &mut logits);
             bytes += self.lm_head().nbytes() as u64;
         }
-        let hidden = if want_hidden {
-            let mut all = vec![0f32; n * h]; // [n, hidden]
-            norm_rows(&x, &self.norm, cfg.rms_norm_eps, &mut all);
-            all
-        } else {
-            Vec::new()
-        };
         Ok(ForwardOut {
             logits,
             hidden,

@@ -145,16 +145,13 @@ pub(super) fn moe(
         }
     }
     let k = cfg.num_experts_per_tok;
+    let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
     let bytes = m.gate.len() * 4
         + m.shared.as_ref().map_or(0, Expert::nbytes)
-        + (0..ne)
-            .filter(|&e| !per_expert[e].is_empty())
-            .map(|e| m.experts[e].nbytes())
-            .sum::<usize>();
+        + active.iter().map(|&e| m.experts[e].nbytes()).sum::<usize>();
     if n == 1 {
         return (moe_one_token(m, &routes[0], x), bytes);
     }
-    let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
     let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
     let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
         let toks = &per_expert[active[ai]];

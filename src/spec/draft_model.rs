@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
 use crate::model::{LogitsMode, Model, SeqChunk};
-use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng};
+use crate::sampling::Rng;
 
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
@@ -89,13 +89,7 @@ impl DraftModelProposer {
 
 impl Proposer for DraftModelProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
-        let mut out: Vec<Proposal> = reqs
-            .iter()
-            .map(|_| Proposal {
-                tokens: Vec::new(),
-                q: Some(Vec::new()),
-            })
-            .collect();
+        let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal::with_q()).collect();
         // Plan each request's role and reserve its KV: a drafting request needs context + (k - 1)
         // fed drafts; a request catching up needs what it feeds. Requests that do not fit draft
         // nothing.
@@ -228,16 +222,7 @@ impl Proposer for DraftModelProposer {
                 }
                 let row = &logits[row_at * vocab..(row_at + 1) * vocab]; // [vocab]
                 row_at += 1;
-                let q = processed_probs(row, r.params);
-                let tok = if is_greedy(r.params) {
-                    argmax(row)
-                } else {
-                    sample_from(&q, &mut s.rng)
-                };
-                out[i].tokens.push(tok);
-                if let Some(qs) = out[i].q.as_mut() {
-                    qs.push(q);
-                }
+                out[i].push_drafted(row, r.params, &mut s.rng);
             }
         }
         // Reserved-but-unfed slots (k - 1 drafts fed at most) are released by on_commit's truncate.
@@ -302,7 +287,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::sampling::SamplingParams;
+    use crate::sampling::{argmax, SamplingParams};
 
     fn draft_model() -> Arc<Model> {
         Arc::new(

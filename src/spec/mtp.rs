@@ -23,7 +23,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
 use crate::model::{LogitsMode, Model, SeqChunk};
-use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng};
+use crate::sampling::Rng;
 
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
@@ -89,13 +89,7 @@ impl Proposer for MtpProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
         let h = self.model.config.hidden_size;
         let vocab = self.model.config.vocab_size;
-        let mut out: Vec<Proposal> = reqs
-            .iter()
-            .map(|_| Proposal {
-                tokens: Vec::new(),
-                q: Some(Vec::new()),
-            })
-            .collect();
+        let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal::with_q()).collect();
         // Plan: positions [m, L - 1) to catch up on, from the stored hidden rows.
         struct Live {
             i: usize,
@@ -184,16 +178,7 @@ impl Proposer for MtpProposer {
                 let s = self.seqs.get_mut(&r.id).expect("mtp seq");
                 self.kv.set_len(&mut s.kv, lv.start + n);
                 let lrow = &logits[row * vocab..(row + 1) * vocab]; // [vocab]
-                let q = processed_probs(lrow, r.params);
-                let tok = if is_greedy(r.params) {
-                    argmax(lrow)
-                } else {
-                    sample_from(&q, &mut s.rng)
-                };
-                out[lv.i].tokens.push(tok);
-                if let Some(qs) = out[lv.i].q.as_mut() {
-                    qs.push(q);
-                }
+                let tok = out[lv.i].push_drafted(lrow, r.params, &mut s.rng);
                 // Next: the drafted token with this row's output, one position on.
                 lv.prev = xo[(row0 + n - 1) * h..(row0 + n) * h].to_vec();
                 lv.start += n;

@@ -5,7 +5,7 @@
 
 use crate::error::Result;
 use crate::kv::KvStats;
-use crate::sampling::SamplingParams;
+use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng, SamplingParams};
 
 use super::ngram::ngram_propose;
 
@@ -27,6 +27,32 @@ pub struct Proposal {
     pub tokens: Vec<u32>,
     /// [tokens.len()][vocab] when the drafter has distributions.
     pub q: Option<Vec<Vec<f32>>>,
+}
+
+impl Proposal {
+    /// An empty proposal of a model drafter (it will carry q distributions).
+    pub fn with_q() -> Self {
+        Proposal {
+            tokens: Vec::new(),
+            q: Some(Vec::new()),
+        }
+    }
+
+    /// Draft one token from a drafter's logits row: greedy requests take the argmax, sampled
+    /// ones sample from the request-processed distribution q, which is kept for verification.
+    pub fn push_drafted(&mut self, logits: &[f32], params: &SamplingParams, rng: &mut Rng) -> u32 {
+        let q = processed_probs(logits, params);
+        let tok = if is_greedy(params) {
+            argmax(logits)
+        } else {
+            sample_from(&q, rng)
+        };
+        self.tokens.push(tok);
+        if let Some(qs) = self.q.as_mut() {
+            qs.push(q);
+        }
+        tok
+    }
 }
 
 /// A source of draft tokens.

@@ -3,9 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use specmla::engine::{DraftSource, Engine, Output, Request};
+use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Request};
 use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
 use specmla::model::{LogitsMode, Model, SeqChunk};
+use specmla::spec::SpecMode;
 use specmla::weights::{WeightSource, WeightStore};
 
 pub fn repo() -> PathBuf {
@@ -181,5 +182,17 @@ pub fn assert_same_outputs(label: &str, base: &[Output], got: &[Output], reqs: &
             b.counters.forced_end_of_think,
             g.counters.forced_end_of_think
         );
+    }
+}
+
+/// Engine config of the speculation tests: f32 KV, 2 threads, 512-block pools.
+pub fn spec_test_cfg(spec: SpecMode) -> EngineConfig {
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec,
+        threads: 2,
+        num_blocks: 512,
+        draft_num_blocks: 512,
+        ..EngineConfig::default()
     }
 }
