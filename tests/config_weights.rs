@@ -104,6 +104,7 @@ fn st_err(r: Result<WeightStore, Error>) -> (String, String) {
     }
 }
 
+#[track_caller]
 fn tensor_err<T: std::fmt::Debug>(r: Result<T, Error>) -> (String, String) {
     match r {
         Err(Error::Tensor { name, msg }) => (name, msg),
@@ -394,6 +395,89 @@ fn v3_defaults_and_layer_rule() {
     assert_eq!(c.eos_token_ids, vec![1, 7]);
 }
 
+/// Config variants transformers 5.24 loads and runs, read the way it reads them.
+#[test]
+fn transformers_compatible_variants() {
+    let yarn = |v: &Value| parse(v).unwrap().rope_scaling.unwrap();
+    // YaRN `factor` is used as given, also when max_position_embeddings is lowered to cap memory.
+    let capped = with(v3_hub(), |m| {
+        m.insert("max_position_embeddings".into(), json!(8192));
+    });
+    let y = yarn(&capped);
+    assert_eq!((y.factor, y.original_max_position_embeddings), (40.0, 4096));
+    assert_eq!(parse(&capped).unwrap().max_position_embeddings, 8192);
+    assert_eq!(
+        parse(&capped).unwrap().softmax_scale(),
+        parse(&v3_hub()).unwrap().softmax_scale()
+    );
+    // `factor: null` -> max_position_embeddings / original_max_position_embeddings.
+    let null_factor = with(v3_hub(), |m| {
+        m["rope_scaling"]["factor"] = Value::Null;
+        m.insert("max_position_embeddings".into(), json!(32768));
+    });
+    assert_eq!(yarn(&null_factor).factor, 8.0);
+    // A top-level original_max_position_embeddings wins over the one in rope_scaling.
+    let top = with(v3_hub(), |m| {
+        m.insert("original_max_position_embeddings".into(), json!(2048));
+    });
+    assert_eq!(yarn(&top).original_max_position_embeddings, 2048);
+    // Explicit attention_factor (cos/sin multiplier) and truncate: false.
+    let af = with(v3_hub(), |m| {
+        m["rope_scaling"]["attention_factor"] = json!(1.25);
+        m["rope_scaling"]["truncate"] = json!(false);
+    });
+    let y = yarn(&af);
+    assert_eq!((y.cos_sin_mscale(), y.truncate), (1.25, false));
+    assert!(yarn(&v3_hub()).truncate);
+    assert_eq!(yarn(&v3_hub()).cos_sin_mscale(), 1.0);
+
+    // MoE fields are not read where no layer (MTP layers included) is MoE.
+    let garbage = |m: &mut serde_json::Map<String, Value>| {
+        m.insert("n_group".into(), json!(7));
+        m.insert("num_experts_per_tok".into(), json!(300));
+        m.insert("topk_method".into(), json!("random"));
+        m.insert("moe_intermediate_size".into(), json!(0));
+        m.remove("n_shared_experts");
+    };
+    let dense = with(v3_hub(), |m| {
+        garbage(m);
+        m.insert("first_k_dense_replace".into(), json!(62)); // 61 layers + 1 MTP layer
+    });
+    let c = parse(&dense).unwrap();
+    assert!(c.moe.is_none() && c.num_moe_layers() == 0);
+    // ... but the MTP layer (index 61) is MoE when first_k_dense_replace = 61.
+    let mtp_moe = with(v3_hub(), |m| {
+        garbage(m);
+        m.insert("first_k_dense_replace".into(), json!(61));
+    });
+    assert!(parse(&mtp_moe).is_err());
+    // moe_layer_freq with no multiple among the layers: dense too.
+    let sparse = with(v2_lite(), |m| {
+        garbage(m);
+        m.insert("first_k_dense_replace".into(), json!(1));
+        m.insert("moe_layer_freq".into(), json!(64));
+    });
+    assert!(parse(&sparse).unwrap().moe.is_none());
+
+    // num_mtp_layers is transformers' alias of num_nextn_predict_layers.
+    let alias = with(v3_hub(), |m| {
+        m.remove("num_nextn_predict_layers");
+        m.insert("num_mtp_layers".into(), json!(2));
+    });
+    assert_eq!(parse(&alias).unwrap().num_nextn_predict_layers, 2);
+    let clash = with(v3_hub(), |m| {
+        m.insert("num_mtp_layers".into(), json!(2));
+    });
+    assert_eq!(config_field(parse(&clash)), "num_mtp_layers");
+
+    // fp8 with modules_to_not_convert (a list of module names) is accepted.
+    let partial = with(v3_hub(), |m| {
+        m["quantization_config"]["modules_to_not_convert"] =
+            json!(["lm_head", "model.layers.0.self_attn"]);
+    });
+    assert!(parse(&partial).unwrap().quantization.is_some());
+}
+
 #[test]
 fn refusals_name_their_field() {
     type Edit = Box<dyn Fn(&mut serde_json::Map<String, Value>)>;
@@ -467,7 +551,39 @@ fn refusals_name_their_field() {
         (set("moe_layer_freq", json!(0)), "moe_layer_freq"),
         (del("moe_intermediate_size"), "moe_intermediate_size"),
         (
-            set("max_position_embeddings", json!(8192)),
+            set("num_hidden_layers", json!(1u64 << 40)),
+            "num_hidden_layers",
+        ),
+        (set("vocab_size", json!(1e15)), "vocab_size"),
+        (
+            set("max_position_embeddings", json!(1u64 << 40)),
+            "max_position_embeddings",
+        ),
+        (
+            set("num_attention_heads", json!(1 << 20)),
+            "num_attention_heads",
+        ),
+        (
+            set(
+                "quantization_config",
+                json!({"quant_method": "fp8", "weight_block_size": [128, 128],
+                       "modules_to_not_convert": "lm_head"}),
+            ),
+            "quantization_config.modules_to_not_convert",
+        ),
+        (
+            set(
+                "rope_scaling",
+                json!({"type": "yarn", "factor": 40, "mscale_all_dim": 1.0,
+                       "original_max_position_embeddings": 4096}),
+            ),
+            "rope_scaling.mscale",
+        ),
+        (
+            set(
+                "rope_scaling",
+                json!({"type": "yarn", "mscale": 1.0, "original_max_position_embeddings": 4096}),
+            ),
             "rope_scaling.factor",
         ),
     ];
@@ -899,6 +1015,29 @@ fn store_of(tensors: &[(String, Vec<usize>)]) -> WeightStore {
     WeightStore::open(WeightSource::Bytes(st_bytes(&ts))).unwrap()
 }
 
+/// Like `store_of`, but every weight with a `_scale_inv` sibling in the list is stored as fp8,
+/// except those named in `keep_f32` (which are stored f32 and lose their scale); tensors named in
+/// `drop` are left out.
+fn store_of_fp8(tensors: &[(String, Vec<usize>)], keep_f32: &[&str], drop: &[&str]) -> WeightStore {
+    let has = |n: &str| tensors.iter().any(|(m, _)| m == n);
+    let ts: Vec<T> = tensors
+        .iter()
+        .filter(|(n, _)| !drop.contains(&n.as_str()))
+        .filter_map(|(n, shape)| {
+            let numel: usize = shape.iter().product();
+            if let Some(w) = n.strip_suffix("_scale_inv") {
+                if keep_f32.contains(&w) {
+                    return None;
+                }
+            } else if has(&format!("{n}_scale_inv")) && !keep_f32.contains(&n.as_str()) {
+                return Some(t(n, "F8_E4M3", shape, vec![0u8; numel]));
+            }
+            Some(t_f32(n, shape, &vec![0.0; numel]))
+        })
+        .collect();
+    WeightStore::open(WeightSource::Bytes(st_bytes(&ts))).unwrap()
+}
+
 #[test]
 fn tensor_set_check() {
     let c = tiny_v3(json!({}));
@@ -1022,9 +1161,31 @@ fn tensor_set_check() {
     assert!(!tq
         .iter()
         .any(|(s, _)| s.contains("q_a_proj") || s == "lm_head.weight"));
-    let (name, _) = tensor_err(check_tensor_set(&cq, &store_of(&ts)));
+    let (name, _) = tensor_err(check_tensor_set(&cq, &store_of_fp8(&ts, &[], &[])));
     assert!(name.starts_with("model.layers.0."), "{name}");
-    assert!(check_tensor_set(&cq, &store_of(&tq)).is_ok());
+    assert!(check_tensor_set(&cq, &store_of_fp8(&tq, &[], &[])).is_ok());
+    // Linears left unquantised (modules_to_not_convert, or just stored in full precision) need
+    // no scale; an fp8 weight without its scale, or a scale beside a non-fp8 weight, is refused.
+    let kept = [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.mlp.experts.0.down_proj.weight",
+    ];
+    assert!(check_tensor_set(&cq, &store_of_fp8(&tq, &kept, &[])).is_ok());
+    let no_scale = ["model.layers.0.self_attn.o_proj.weight_scale_inv"];
+    let (name, msg) = tensor_err(check_tensor_set(&cq, &store_of_fp8(&tq, &[], &no_scale)));
+    assert_eq!(name, "model.layers.0.self_attn.o_proj.weight_scale_inv");
+    assert_eq!(msg, "missing");
+    // f32 weights everywhere but all the scales still there: the scales are unexpected.
+    let (name, msg) = tensor_err(check_tensor_set(&cq, &store_of(&tq)));
+    assert!(
+        name.ends_with("_scale_inv") && msg.contains("unexpected"),
+        "{name}: {msg}"
+    );
+    // num_hidden_layers larger than the checkpoint: refused before the expected list is built.
+    let huge = tiny_v3(json!({"num_hidden_layers": 4000, "num_nextn_predict_layers": 0}));
+    let (name, msg) = tensor_err(check_tensor_set(&huge, &store_of(&ts)));
+    assert_eq!(name, "model.layers.3999.input_layernorm.weight");
+    assert!(msg.contains("num_hidden_layers"), "{msg}");
 }
 
 /// Golden checkpoints written by the reference implementation (models/golden/*), when present.

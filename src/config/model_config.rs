@@ -162,12 +162,28 @@ impl ModelConfig {
         if rms_norm_eps <= 0.0 {
             return Err(o.err("rms_norm_eps", format!("must be > 0, found {rms_norm_eps}")));
         }
+        let num_hidden_layers = o.req_dim("num_hidden_layers")?;
+        // transformers 5 also reads `num_mtp_layers` (an alias of the same attribute).
+        let num_nextn_predict_layers = match (
+            o.opt_usize("num_nextn_predict_layers")?,
+            o.opt_usize("num_mtp_layers")?,
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(o.err(
+                    "num_mtp_layers",
+                    format!("{b} disagrees with num_nextn_predict_layers = {a}"),
+                ))
+            }
+            (Some(a), _) | (None, Some(a)) => a,
+            (None, None) => 0,
+        };
+        let all_layers = num_hidden_layers.saturating_add(num_nextn_predict_layers);
         let cfg = ModelConfig {
             model_type,
             vocab_size: o.req_dim("vocab_size")?,
             hidden_size: o.req_dim("hidden_size")?,
             intermediate_size: o.req_dim("intermediate_size")?,
-            num_hidden_layers: o.req_dim("num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads: o.req_dim("num_attention_heads")?,
             q_lora_rank,
             kv_lora_rank: o.req_dim("kv_lora_rank")?,
@@ -177,14 +193,15 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            moe: parse_moe(&o, model_type)?,
+            moe: parse_moe(&o, model_type, all_layers)?,
             rms_norm_eps: rms_norm_eps as f32,
             tie_word_embeddings: o.bool_or("tie_word_embeddings", false)?,
             bos_token_id: token_id(&o, "bos_token_id")?,
             eos_token_ids: eos_ids(&o)?,
-            num_nextn_predict_layers: o.usize_or("num_nextn_predict_layers", 0)?,
+            num_nextn_predict_layers,
             quantization: parse_quant(&o)?,
         };
+        check_bounds(&o, &cfg)?;
         Ok(cfg)
     }
 
@@ -237,6 +254,8 @@ impl ModelConfig {
                 "original_max_position_embeddings": y.original_max_position_embeddings,
                 "beta_fast": y.beta_fast,
                 "beta_slow": y.beta_slow,
+                "attention_factor": y.cos_sin_mscale(),
+                "truncate": y.truncate,
             })
         });
         let moe = self.moe.as_ref().map(|m| {
@@ -315,6 +334,72 @@ fn eos_ids(o: &Obj<'_>) -> Result<Vec<u32>> {
     }
 }
 
+/// Upper bounds on the sizes a config may declare. Far above any DeepSeek release (V3: hidden
+/// 7168, 61 layers, 256 experts, vocab 129280, 163840 positions), they keep every product the
+/// engine forms from them inside `usize` and turn a corrupted field into a named error before
+/// anything is sized by it.
+const MAX_DIM: usize = 1 << 20;
+const MAX_VOCAB: usize = 1 << 24;
+const MAX_LAYERS: usize = 1 << 12;
+const MAX_EXPERTS: usize = 1 << 14;
+const MAX_POSITIONS: usize = 1 << 26;
+
+fn check_bounds(o: &Obj<'_>, cfg: &ModelConfig) -> Result<()> {
+    let mut dims = vec![
+        ("hidden_size", cfg.hidden_size, MAX_DIM),
+        ("intermediate_size", cfg.intermediate_size, MAX_DIM),
+        ("num_attention_heads", cfg.num_attention_heads, 1 << 12),
+        ("kv_lora_rank", cfg.kv_lora_rank, MAX_DIM),
+        ("qk_nope_head_dim", cfg.qk_nope_head_dim, 1 << 14),
+        ("qk_rope_head_dim", cfg.qk_rope_head_dim, 1 << 14),
+        ("v_head_dim", cfg.v_head_dim, 1 << 14),
+        ("vocab_size", cfg.vocab_size, MAX_VOCAB),
+        ("num_hidden_layers", cfg.num_hidden_layers, MAX_LAYERS),
+        ("num_nextn_predict_layers", cfg.num_nextn_predict_layers, 64),
+        (
+            "max_position_embeddings",
+            cfg.max_position_embeddings,
+            MAX_POSITIONS,
+        ),
+    ];
+    if let Some(r) = cfg.q_lora_rank {
+        dims.push(("q_lora_rank", r, MAX_DIM));
+    }
+    if let Some(m) = &cfg.moe {
+        dims.push(("n_routed_experts", m.n_routed_experts, MAX_EXPERTS));
+        dims.push(("n_shared_experts", m.n_shared_experts, 1 << 8));
+        dims.push(("moe_intermediate_size", m.moe_intermediate_size, MAX_DIM));
+    }
+    if let Some(y) = &cfg.rope_scaling {
+        dims.push((
+            "original_max_position_embeddings",
+            y.original_max_position_embeddings,
+            MAX_POSITIONS,
+        ));
+    }
+    for (key, v, max) in dims {
+        if v > max {
+            return Err(o.err(key, format!("{v} exceeds the supported maximum {max}")));
+        }
+    }
+    // The largest matrices are products of two bounded dims; keep each under 2^40 elements.
+    let heads = cfg.num_attention_heads;
+    let products = [
+        ("vocab_size", cfg.vocab_size * cfg.hidden_size),
+        (
+            "num_attention_heads",
+            heads * cfg.qk_head_dim() * cfg.hidden_size.max(cfg.q_lora_rank.unwrap_or(0)),
+        ),
+        ("intermediate_size", cfg.intermediate_size * cfg.hidden_size),
+    ];
+    for (key, n) in products {
+        if n > 1 << 40 {
+            return Err(o.err(key, format!("implies a matrix of {n} elements (over 2^40)")));
+        }
+    }
+    Ok(())
+}
+
 fn parse_quant(o: &Obj<'_>) -> Result<Option<Fp8Quant>> {
     let Some(q) = o.opt_obj("quantization_config")? else {
         return Ok(None);
@@ -340,6 +425,16 @@ fn parse_quant(o: &Obj<'_>) -> Result<Option<Fp8Quant>> {
                 "activation_scheme",
                 format!("{a:?} is not supported (only dynamic)"),
             ));
+        }
+    }
+    match q.get("modules_to_not_convert") {
+        None => {}
+        Some(Value::Array(v)) if v.iter().all(Value::is_string) => {}
+        Some(v) => {
+            return Err(q.err(
+                "modules_to_not_convert",
+                format!("expected a list of module names, found {v}"),
+            ))
         }
     }
     let block = match q.get("weight_block_size") {

@@ -73,18 +73,40 @@ pub struct MoeConfig {
     pub moe_layer_freq: usize,
 }
 
-/// `Ok(None)` for a dense model (`n_routed_experts` absent or null).
-pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<MoeConfig>> {
+/// `Ok(None)` for a dense model: `n_routed_experts` absent or null, or no layer among the
+/// `layers` (decoder + MTP layers) that `first_k_dense_replace` / `moe_layer_freq` make MoE. In the
+/// latter case the other MoE fields are not read at all — transformers builds such a model
+/// whatever they hold, so they cannot make a loadable checkpoint fail here either.
+pub(crate) fn parse_moe(
+    o: &Obj<'_>,
+    model_type: ModelType,
+    layers: usize,
+) -> Result<Option<MoeConfig>> {
     let Some(n_routed_experts) = o.opt_usize("n_routed_experts")? else {
         return Ok(None);
     };
+    let v3 = model_type == ModelType::DeepseekV3;
+    let first_k_dense_replace = o.usize_or("first_k_dense_replace", if v3 { 3 } else { 0 })?;
+    if first_k_dense_replace >= layers {
+        return Ok(None);
+    }
+    let moe_layer_freq = o.usize_or("moe_layer_freq", 1)?;
+    if moe_layer_freq == 0 {
+        return Err(o.err("moe_layer_freq", "must be > 0"));
+    }
+    // The first MoE layer is the first multiple of moe_layer_freq at or after first_k_dense_replace.
+    let first_moe = first_k_dense_replace
+        .div_ceil(moe_layer_freq)
+        .checked_mul(moe_layer_freq);
+    if first_moe.is_none_or(|l| l >= layers) {
+        return Ok(None);
+    }
     if n_routed_experts == 0 {
         return Err(o.err(
             "n_routed_experts",
             "must be > 0 (use null for a dense model)",
         ));
     }
-    let v3 = model_type == ModelType::DeepseekV3;
     let num_experts_per_tok = o.req_dim("num_experts_per_tok")?;
     if num_experts_per_tok > n_routed_experts {
         return Err(o.err(
@@ -169,11 +191,6 @@ pub(crate) fn parse_moe(o: &Obj<'_>, model_type: ModelType) -> Result<Option<Moe
             "routed_scaling_factor",
             format!("must be > 0, found {routed_scaling_factor}"),
         ));
-    }
-    let first_k_dense_replace = o.usize_or("first_k_dense_replace", if v3 { 3 } else { 0 })?;
-    let moe_layer_freq = o.usize_or("moe_layer_freq", 1)?;
-    if moe_layer_freq == 0 {
-        return Err(o.err("moe_layer_freq", "must be > 0"));
     }
     Ok(Some(MoeConfig {
         n_routed_experts,

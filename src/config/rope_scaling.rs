@@ -27,6 +27,10 @@ pub struct YarnScaling {
     pub beta_fast: f64,
     /// Rotations where interpolation begins (default 1).
     pub beta_slow: f64,
+    /// Explicit cos/sin multiplier (`attention_factor`); `None` derives it from the mscales.
+    pub attention_factor: Option<f64>,
+    /// Round the correction range outwards to whole dimensions (`truncate`, default true).
+    pub truncate: bool,
 }
 
 /// YaRN magnitude correction `0.1 * mscale * ln(factor) + 1` (1 when `factor <= 1`).
@@ -39,10 +43,12 @@ pub fn yarn_get_mscale(factor: f64, mscale: f64) -> f64 {
 }
 
 impl YarnScaling {
-    /// Factor the cos/sin tables are multiplied by (transformers' `attention_factor` when not
-    /// given): `m(factor, mscale) / m(factor, mscale_all_dim)` when both are non-zero, else
+    /// Factor the cos/sin tables are multiplied by: `attention_factor` when given, else: `m(factor, mscale) / m(factor, mscale_all_dim)` when both are non-zero, else
     /// `m(factor, 1)`. Equals 1.0 for the official V2/V3 configs (mscale == mscale_all_dim).
     pub fn cos_sin_mscale(&self) -> f64 {
+        if let Some(a) = self.attention_factor {
+            return a;
+        }
         if self.mscale != 0.0 && self.mscale_all_dim != 0.0 {
             yarn_get_mscale(self.factor, self.mscale)
                 / yarn_get_mscale(self.factor, self.mscale_all_dim)
@@ -102,7 +108,7 @@ pub(crate) fn parse_rope(
     };
     match kind {
         "default" => Ok((theta, None)),
-        "yarn" => Ok((theta, Some(parse_yarn(&p, max_position_embeddings)?))),
+        "yarn" => Ok((theta, Some(parse_yarn(root, &p, max_position_embeddings)?))),
         other => Err(p.err(
             kind_key,
             format!("RoPE scaling type {other:?} is not supported (only yarn)"),
@@ -117,7 +123,7 @@ fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
     Ok(t)
 }
 
-fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling> {
+fn parse_yarn(root: &Obj<'_>, p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling> {
     if let Some(f) = p.opt_f64("partial_rotary_factor")? {
         if f != 1.0 {
             return Err(p.err(
@@ -126,50 +132,56 @@ fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling
             ));
         }
     }
-    let factor = p
-        .opt_f64("factor")?
-        .ok_or_else(|| p.err("factor", "required field is missing"))?;
+    // transformers (`standardize_rope_params`): a top-level `original_max_position_embeddings`
+    // wins over the one inside the RoPE parameters; absent in both -> max_position_embeddings.
+    let original = match root.opt_usize("original_max_position_embeddings")? {
+        Some(o) => Some((o, root)),
+        None => p
+            .opt_usize("original_max_position_embeddings")?
+            .map(|o| (o, p)),
+    };
+    let original = match original {
+        Some((0, o)) => return Err(o.err("original_max_position_embeddings", "must be > 0")),
+        Some((o, _)) => o,
+        None => max_position_embeddings,
+    };
+    // `factor` is used as given (transformers `_compute_yarn_parameters`, vLLM): users lower
+    // `max_position_embeddings` to cap memory without touching it. Only an explicit `null`
+    // falls back to max_position_embeddings / original_max_position_embeddings (transformers).
+    if !p.has_key("factor") {
+        return Err(p.err("factor", "required field is missing"));
+    }
+    let factor = match p.opt_f64("factor")? {
+        Some(f) => f,
+        None => max_position_embeddings as f64 / original as f64,
+    };
     if factor < 1.0 {
         return Err(p.err("factor", format!("must be >= 1, found {factor}")));
     }
-    if p.has("attention_factor") {
-        return Err(p.err(
-            "attention_factor",
-            "an explicit cos/sin attention factor is not supported",
-        ));
-    }
-    if p.opt_bool("truncate")? == Some(false) {
-        return Err(p.err(
-            "truncate",
-            "false (untruncated correction range) is not supported",
-        ));
-    }
-    let original = match p.opt_usize("original_max_position_embeddings")? {
-        Some(0) => return Err(p.err("original_max_position_embeddings", "must be > 0")),
-        Some(o) => {
-            // transformers >= 4.5x recomputes the frequency factor as max/original when the
-            // original length is given, while the attention scale uses `factor`; refuse configs
-            // where the two disagree instead of silently picking one.
-            let ratio = max_position_embeddings as f64 / o as f64;
-            if (ratio - factor).abs() > 1e-6 * factor {
-                return Err(p.err(
-                    "factor",
-                    format!(
-                        "{factor} disagrees with max_position_embeddings / original_max_position_embeddings = {ratio}"
-                    ),
-                ));
-            }
-            o
+    let attention_factor = p.opt_f64("attention_factor")?;
+    if let Some(a) = attention_factor {
+        if a <= 0.0 {
+            return Err(p.err("attention_factor", format!("must be > 0, found {a}")));
         }
-        None => max_position_embeddings,
-    };
+    }
+    let truncate = p.bool_or("truncate", true)?;
     let beta_fast = nonzero_or(p, "beta_fast", 32.0)?;
     let beta_slow = nonzero_or(p, "beta_slow", 1.0)?;
-    let mscale = p.f64_or("mscale", 1.0)?;
-    let mscale_all_dim = p.f64_or("mscale_all_dim", 0.0)?;
     if beta_fast < 0.0 || beta_slow < 0.0 {
         return Err(p.err("beta_fast", "beta_fast and beta_slow must be > 0"));
     }
+    let mscale_all_dim = p.f64_or("mscale_all_dim", 0.0)?;
+    // An absent `mscale` means m(factor, 1) for cos/sin in transformers but
+    // m(factor, 1) / m(factor, mscale_all_dim) in vLLM: the two disagree as soon as
+    // mscale_all_dim != 0, so that combination is refused rather than guessed.
+    if !p.has("mscale") && mscale_all_dim != 0.0 && attention_factor.is_none() {
+        return Err(p.err(
+            "mscale",
+            "missing while mscale_all_dim is set: transformers and vLLM scale cos/sin differently \
+             then; give mscale explicitly",
+        ));
+    }
+    let mscale = p.f64_or("mscale", 1.0)?;
     Ok(YarnScaling {
         factor,
         mscale,
@@ -177,6 +189,8 @@ fn parse_yarn(p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling
         original_max_position_embeddings: original,
         beta_fast,
         beta_slow,
+        attention_factor,
+        truncate,
     })
 }
 

@@ -5,8 +5,9 @@
 //!
 //! Frequencies follow transformers' `_compute_yarn_parameters` (base inv_i = theta^(-2i/d),
 //! correction range from beta_fast/beta_slow against original_max_position_embeddings, linear ramp
-//! blend of inv/factor and inv) and cos/sin are multiplied by the attention factor
-//! m(factor, mscale) / m(factor, mscale_all_dim).
+//! blend of inv/factor and inv; `truncate: false` keeps the range unrounded) and cos/sin are
+//! multiplied by `YarnScaling::cos_sin_mscale` (the explicit `attention_factor`, else
+//! m(factor, mscale) / m(factor, mscale_all_dim)).
 
 use crate::config::ModelConfig;
 
@@ -16,14 +17,6 @@ pub struct Rope {
     /// [rope_dim / 2]
     inv_freq: Vec<f64>,
     attention_factor: f64,
-}
-
-fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
 }
 
 impl Rope {
@@ -41,17 +34,18 @@ impl Rope {
             };
         };
         let factor = y.factor;
-        let attention_factor = if y.mscale != 0.0 && y.mscale_all_dim != 0.0 {
-            yarn_get_mscale(factor, y.mscale) / yarn_get_mscale(factor, y.mscale_all_dim)
-        } else {
-            yarn_get_mscale(factor, 1.0)
-        };
+        let attention_factor = y.cos_sin_mscale();
         let orig = y.original_max_position_embeddings as f64;
         let corr_dim = |rot: f64| {
             (dim as f64 * (orig / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
         };
-        let low = corr_dim(y.beta_fast).floor().max(0.0);
-        let mut high = corr_dim(y.beta_slow).ceil().min(dim as f64 - 1.0);
+        let (low, high) = (corr_dim(y.beta_fast), corr_dim(y.beta_slow));
+        let (low, high) = if y.truncate {
+            (low.floor(), high.ceil())
+        } else {
+            (low, high)
+        };
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
         if low == high {
             high += 0.001;
         }

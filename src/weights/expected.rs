@@ -6,7 +6,10 @@
 //! layers (`model.layers.{L}.*` with `num_hidden_layers <= L < num_hidden_layers +
 //! num_nextn_predict_layers`), which are returned, and known-ignorable buffers (`*.rotary_emb.inv_freq`).
 //! Shapes of expected tensors are checked too; dtypes are checked tensor by tensor by the `Loader`.
+//! In an fp8 checkpoint a projection's `_scale_inv` is expected exactly when the projection is
+//! stored as fp8 (unquantised linears, as `modules_to_not_convert` leaves them, need none).
 
+use super::dtype::DType;
 use super::loader::scale_inv_name;
 use super::safetensors_store::WeightStore;
 use crate::config::{ModelConfig, TopkMethod};
@@ -152,7 +155,31 @@ fn layer_index(name: &str) -> Option<usize> {
 /// missing or has another shape (in `expected_tensor_shapes` order), else for the first (sorted) unexpected tensor that is
 /// neither an MTP-layer tensor nor ignorable. On success returns the MTP tensor names, sorted.
 pub fn check_tensor_set(cfg: &ModelConfig, store: &WeightStore) -> Result<Vec<String>> {
-    let expected = expected_tensor_shapes(cfg);
+    // The layer count sizes the list below: check the last layer is there before building it,
+    // so an absurd `num_hidden_layers` costs one lookup, not an allocation it names.
+    let last = format!(
+        "model.layers.{}.input_layernorm.weight",
+        cfg.num_hidden_layers - 1
+    );
+    if store.get(&last).is_none() {
+        return Err(Error::tensor(
+            last,
+            format!(
+                "missing (num_hidden_layers = {} but the checkpoint has no such layer)",
+                cfg.num_hidden_layers
+            ),
+        ));
+    }
+    let mut expected = expected_tensor_shapes(cfg);
+    // fp8 checkpoints may keep some linears unquantised (`modules_to_not_convert`, or simply
+    // stored in bf16 / f16 / f32 without a scale): a block scale is expected exactly for the
+    // weights stored as fp8.
+    if cfg.quantization.is_some() {
+        expected.retain(|(n, _)| match n.strip_suffix("_scale_inv") {
+            Some(w) => store.get(w).is_none_or(|t| t.dtype == DType::F8E4M3),
+            None => true,
+        });
+    }
     for (n, shape) in &expected {
         match store.get(n) {
             None => return Err(Error::tensor(n.as_str(), "missing")),

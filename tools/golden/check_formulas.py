@@ -89,8 +89,10 @@ def rope_setup(cfg):
     def corr_dim(rot):
         return d * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(theta))
 
-    low = max(math.floor(corr_dim(bf)), 0)
-    high = min(math.ceil(corr_dim(bs)), d - 1)
+    low, high = corr_dim(bf), corr_dim(bs)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
     if low == high:
         high += 0.001
     ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
@@ -101,6 +103,8 @@ def rope_setup(cfg):
 
     ms, msa = rp.get("mscale"), rp.get("mscale_all_dim")
     attn_factor = m(factor, ms) / m(factor, msa) if (ms and msa) else m(factor, 1.0)
+    if rp.get("attention_factor") is not None:
+        attn_factor = rp["attention_factor"]
     if msa:
         scale = scale * m(factor, msa) ** 2
     return inv, attn_factor, scale

@@ -210,6 +210,63 @@ SPECS = {
         bias_std=0.15,
         storage="f32",
     ),
+    # Compatibility cases (configs transformers loads that a strict reading would refuse):
+    # YaRN `factor` used as given although max_position_embeddings / original (48 / 16 = 3)
+    # differs, an explicit cos/sin `attention_factor`, and an unrounded correction range.
+    "v3_yarn_capped": dict(
+        arch="v3",
+        seed=1007,
+        config=dict(
+            _V3_BASE,
+            num_hidden_layers=2,
+            max_position_embeddings=48,
+            rope_parameters=dict(
+                _yarn(10000.0, 4.0, 1.0, 1.0, 16, beta_fast=8, beta_slow=0.5),
+                attention_factor=1.08,
+                truncate=False,
+            ),
+        ),
+        bias_std=0.15,
+        storage="f32",
+    ),
+    # Every layer dense (first_k_dense_replace >= num_hidden_layers) while the MoE fields hold
+    # values that would be invalid in a MoE model: transformers ignores them, so must we.
+    "v3_dense_moe_fields": dict(
+        arch="v3",
+        seed=1008,
+        config=dict(
+            _V3_BASE,
+            num_hidden_layers=2,
+            first_k_dense_replace=2,
+            n_group=3,
+            topk_group=5,
+            num_experts_per_tok=20,
+        ),
+        bias_std=0.15,
+        storage="f32",
+    ),
+    # fp8 with some linears left in bf16 (quantization_config.modules_to_not_convert).
+    "v3_fp8_partial": dict(
+        arch="v3",
+        seed=1009,
+        config=dict(
+            _V3_BASE,
+            num_hidden_layers=2,
+            hidden_size=160,
+            intermediate_size=320,
+            moe_intermediate_size=48,
+            q_lora_rank=48,
+        ),
+        bias_std=0.15,
+        storage="fp8",
+        not_convert=[
+            "lm_head",
+            "model.layers.0.self_attn.kv_b_proj",
+            "model.layers.0.mlp.down_proj",
+            "model.layers.1.mlp.shared_experts",
+            "model.layers.1.mlp.experts.3",
+        ],
+    ),
     "v3_bf16": dict(
         arch="v3",
         seed=1001,  # same weights as v3_yarn
@@ -352,7 +409,12 @@ def dequantise_fp8(q, scale_inv):
     return q.to(torch.float32) * s
 
 
-def to_storage(tensors, storage):
+def not_converted(name, modules):
+    """Whether `name` belongs to a module listed in modules_to_not_convert."""
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def to_storage(tensors, storage, not_convert=()):
     """Returns (stored tensors, f32 tensors the reference must use)."""
     if storage == "f32":
         return tensors, tensors
@@ -368,7 +430,7 @@ def to_storage(tensors, storage):
     if storage == "fp8":
         stored, ref = {}, {}
         for k, t in tensors.items():
-            if is_quantised(k):
+            if is_quantised(k) and not not_converted(k, not_convert):
                 q, s = quantise_fp8(t.float())
                 stored[k] = q
                 stored[k + "_scale_inv"] = s
@@ -586,7 +648,7 @@ def make_fixture(name, spec):
     gen = torch.Generator().manual_seed(spec["seed"] + 7)
     if spec.get("mtp"):
         tensors = add_mtp(tensors, cfg, gen)
-    stored, ref_tensors = to_storage(tensors, spec["storage"])
+    stored, ref_tensors = to_storage(tensors, spec["storage"], spec.get("not_convert", ()))
 
     cfg = dict(cfg)
     cfg.pop("dtype", None)
@@ -599,6 +661,8 @@ def make_fixture(name, spec):
             "activation_scheme": "dynamic",
             "weight_block_size": [BLOCK, BLOCK],
         }
+        if spec.get("not_convert"):
+            cfg["quantization_config"]["modules_to_not_convert"] = list(spec["not_convert"])
     if spec.get("hub_spelling"):
         cfg = to_hub_spelling(cfg)
     write_checkpoint(out_dir, cfg, stored)
