@@ -67,6 +67,12 @@ pub(crate) struct Core {
     pub finished_totals: Counters,
     /// Final counters of requests retired since the engine last published them.
     pub retired: Vec<(u64, Counters)>,
+    /// Requests present (running or waiting) when the current step began, and those it planned:
+    /// what `contain_panic` needs to account for every request after a panic.
+    pub present_ids: Vec<u64>,
+    pub step_ids: Vec<u64>,
+    /// Panics contained so far (`engine::contain`).
+    pub panics_contained: u64,
 }
 
 impl Core {
@@ -119,10 +125,16 @@ impl Core {
             .filter(|r| r.pending() == 1)
             .count()
             .max(1);
+        // After a contained panic: one suspect at a time, alone (`engine::contain`).
+        let isolating = self.isolating();
         let mut i = 0;
         while i < self.running.len() {
-            if budget == 0 {
+            if budget == 0 || (isolating && !plan.is_empty()) {
                 break;
+            }
+            if isolating && !self.running[i].suspect {
+                i += 1;
+                continue;
             }
             let pending = self.running[i].pending();
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
@@ -178,7 +190,18 @@ impl Core {
         }
         // Admit waiting requests while there is budget and room.
         while budget > 0 && self.running.len() < self.cfg.max_running {
-            let Some(mut r) = self.waiting.pop_front() else {
+            let next = if isolating {
+                if !plan.is_empty() {
+                    break;
+                }
+                self.waiting
+                    .iter()
+                    .position(|r| r.suspect)
+                    .and_then(|pos| self.waiting.remove(pos))
+            } else {
+                self.waiting.pop_front()
+            };
+            let Some(mut r) = next else {
                 break;
             };
             // A reused prefix has no target hidden states, which an MTP drafter needs.
@@ -236,16 +259,25 @@ impl Core {
         } else {
             StepKind::Free
         };
+        self.present_ids.clear();
+        let ids = self.running.iter().chain(self.waiting.iter()).map(|r| r.id);
+        self.present_ids.extend(ids);
+        self.step_ids.clear();
         let plan = self.schedule(kind);
         if plan.is_empty() {
             return Ok(Vec::new());
         }
+        let ids = plan.iter().map(|p| self.running[p.idx].id);
+        self.step_ids.extend(ids);
         let mut proposals = self.propose(&plan)?;
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
         self.hand_hidden(&plan, &inputs, &out.hidden);
         let verified = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
         self.roll_back(&plan, &verified);
+        for p in plan.iter().filter(|p| p.decode) {
+            self.running[p.idx].suspect = false;
+        }
         if adaptive && plan.iter().all(|p| p.decode) {
             let drafted = proposals.iter().any(|p| !p.tokens.is_empty());
             let committed: usize = verified.iter().flatten().map(|(a, _)| a + 1).sum();
@@ -408,6 +440,7 @@ impl Core {
         let mut verified = Vec::with_capacity(plan.len());
         for (j, p) in plan.iter().enumerate() {
             let r = &mut self.running[p.idx];
+            r.check_fault();
             let base = r.kv.len();
             let inp = &inputs[j];
             if !p.decode {

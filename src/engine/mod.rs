@@ -6,6 +6,7 @@
 //! weights load and validate on a background thread and are swapped in atomically between two
 //! steps. `step` itself is serialised (one at a time).
 
+mod contain;
 mod core;
 pub mod request;
 pub mod score;
@@ -29,8 +30,15 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use self::core::Core;
 use request::ReqState;
-pub use request::{Event, FinishReason, Prompt, Request};
+pub use request::{Event, Fault, FinishReason, Prompt, Request};
 pub use swap::{DraftSource, SwapStatus};
+
+/// A mutex guard even if a thread panicked while holding it: every engine lock guards data that
+/// is consistent between statements (steps contain their own panics), so poisoning carries no
+/// information here and must not take the engine down.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Engine settings.
 #[derive(Clone, Debug)]
@@ -111,6 +119,9 @@ pub struct EngineStats {
     pub draft_kv_bytes_per_token: usize,
     pub draft_generation: u64,
     pub drafter: String,
+    /// Panics inside a step that were contained (`engine::contain`); each failed at most the
+    /// request that caused it.
+    pub panics_contained: u64,
 }
 
 /// Counters readable without the step lock: live requests, and the most recent finished ones.
@@ -263,6 +274,9 @@ impl Engine {
             admitted: 0,
             finished_totals: Counters::default(),
             retired: Vec::new(),
+            present_ids: Vec::new(),
+            step_ids: Vec::new(),
+            panics_contained: 0,
         };
         let (tx, rx) = unbounded();
         Ok(Engine {
@@ -375,8 +389,10 @@ impl Engine {
             event: Event::default(),
             finished: None,
             admitted_seq: u64::MAX,
+            suspect: false,
+            fault: req.fault,
         };
-        self.live.lock().expect("live lock").insert(id);
+        lock(&self.live).insert(id);
         self.tx
             .send(Command::Submit(Box::new(state)))
             .map_err(|_| Error::Engine("engine is shut down".into()))?;
@@ -385,7 +401,7 @@ impl Engine {
 
     /// Cancel a request; its final event (finish = Cancelled) comes from the next step.
     pub fn cancel(&self, id: u64) -> Result<()> {
-        if !self.live.lock().expect("live lock").contains(&id) {
+        if !lock(&self.live).contains(&id) {
             return Err(Error::UnknownRequest(id));
         }
         self.tx
@@ -395,15 +411,12 @@ impl Engine {
 
     /// Whether any request is queued or running.
     pub fn has_work(&self) -> bool {
-        !self.live.lock().expect("live lock").is_empty()
+        !lock(&self.live).is_empty()
     }
 
     /// Run one step and return its events.
     pub fn step(&self) -> Result<Vec<Event>> {
-        let mut core = self
-            .core
-            .lock()
-            .map_err(|_| Error::Engine("a previous step panicked".into()))?;
+        let mut core = lock(&self.core);
         let mut events = Vec::new();
         self.swaps.apply_ready(&mut core);
         for cmd in self.rx.try_iter() {
@@ -417,7 +430,20 @@ impl Engine {
             }
         }
         let core_ref: &mut Core = &mut core;
-        let res = self.pool.install(|| core_ref.step());
+        // A panic inside the step (a bug, or a dependency's) is contained: the step's requests
+        // are requeued and rerun one at a time, and the one that panics alone fails with an
+        // error event (`contain`); the lock is not poisoned and the others keep their outputs.
+        let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.pool.install(|| core_ref.step())
+        }));
+        let res = match res {
+            Ok(r) => r,
+            Err(payload) => {
+                let msg = contain::panic_message(payload.as_ref());
+                events.extend(core.contain_panic(&msg));
+                Ok(Vec::new())
+            }
+        };
         match res {
             Ok(evs) => events.extend(evs),
             Err(e) => {
@@ -432,7 +458,7 @@ impl Engine {
             }
         }
         // publish counters, retire finished ids
-        let mut snap = self.counters.lock().expect("counters lock");
+        let mut snap = lock(&self.counters);
         for r in core.running.iter().chain(core.waiting.iter()) {
             snap.live.insert(r.id, r.counters.clone());
         }
@@ -440,7 +466,7 @@ impl Engine {
             snap.live.remove(&id);
             snap.finish(id, c);
         }
-        let mut live = self.live.lock().expect("live lock");
+        let mut live = lock(&self.live);
         for ev in &events {
             if ev.finish.is_some() {
                 live.remove(&ev.id);
@@ -451,7 +477,7 @@ impl Engine {
 
     /// Counters of a request (running, waiting or finished).
     pub fn request_counters(&self, id: u64) -> Result<Counters> {
-        let book = self.counters.lock().expect("counters lock");
+        let book = lock(&self.counters);
         book.live
             .get(&id)
             .or_else(|| book.finished.get(&id))
@@ -461,7 +487,7 @@ impl Engine {
 
     /// Engine-wide statistics (waits for a running step).
     pub fn stats(&self) -> EngineStats {
-        let core = self.core.lock().expect("core lock");
+        let core = lock(&self.core);
         let mut totals = core.finished_totals.clone();
         for r in core.running.iter() {
             totals.add(&r.counters);
@@ -484,6 +510,7 @@ impl Engine {
             draft_kv,
             draft_generation: core.draft_generation,
             drafter: core.proposer.as_ref().map_or("none".into(), |p| p.name()),
+            panics_contained: core.panics_contained,
         }
     }
 

@@ -31,6 +31,18 @@ pub struct Request {
     pub speculate: bool,
     /// Return the target log-prob of each committed token.
     pub logprobs: bool,
+    /// Test hook for panic containment: make this request's steps panic. Not part of the API.
+    #[doc(hidden)]
+    pub fault: Option<Fault>,
+}
+
+/// An injected fault: the request's step panics (inside verification, after the requests before
+/// it in the batch have committed) once it has generated `at_generated` tokens, `times` times.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct Fault {
+    pub at_generated: usize,
+    pub times: u32,
 }
 
 impl Request {
@@ -43,6 +55,7 @@ impl Request {
             think_end: None,
             speculate: true,
             logprobs: false,
+            fault: None,
         }
     }
 }
@@ -117,11 +130,24 @@ pub(crate) struct ReqState {
     pub finished: Option<FinishReason>,
     /// Step when first admitted (for preemption order: youngest first).
     pub admitted_seq: u64,
+    /// In a batch whose step panicked: runs alone until it has completed a decode step
+    /// (`engine::contain`).
+    pub suspect: bool,
+    pub fault: Option<Fault>,
 }
 
 impl ReqState {
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+    /// Panics when an injected fault is due (test hook; see [`Fault`]).
+    pub fn check_fault(&mut self) {
+        if let Some(f) = self.fault.as_mut() {
+            if f.times > 0 && self.tokens.len() - self.prompt_len >= f.at_generated {
+                f.times -= 1;
+                panic!("injected fault in request {}", self.id);
+            }
+        }
     }
     /// Tokens still to be fed to the target before the next token can be sampled.
     pub fn pending(&self) -> usize {

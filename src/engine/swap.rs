@@ -174,12 +174,15 @@ pub(crate) fn build(
 
 impl Swaps {
     pub fn current_config(&self) -> Option<ModelConfig> {
-        self.current.lock().expect("swap lock").clone()
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Record the architecture of the drafter installed at engine creation.
     pub fn set_current_config(&self, c: Option<ModelConfig>) {
-        *self.current.lock().expect("swap lock") = c;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
     }
 
     /// Start a background load; returns the ticket.
@@ -187,28 +190,30 @@ impl Swaps {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         self.status
             .lock()
-            .expect("swap lock")
+            .unwrap_or_else(|e| e.into_inner())
             .insert(ticket, SwapStatus::Pending);
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
         std::thread::spawn(move || {
             let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, &ctx)));
             match res {
-                Ok(Ok((proposer, config))) => ready.lock().expect("swap lock").push(Ready {
-                    ticket,
-                    proposer,
-                    config,
-                }),
+                Ok(Ok((proposer, config))) => {
+                    ready.lock().unwrap_or_else(|e| e.into_inner()).push(Ready {
+                        ticket,
+                        proposer,
+                        config,
+                    })
+                }
                 Ok(Err(e)) => {
                     status
                         .lock()
-                        .expect("swap lock")
+                        .unwrap_or_else(|e| e.into_inner())
                         .insert(ticket, SwapStatus::Failed(e.to_string()));
                 }
                 Err(_) => {
                     status
                         .lock()
-                        .expect("swap lock")
+                        .unwrap_or_else(|e| e.into_inner())
                         .insert(ticket, SwapStatus::Failed("loader panicked".into()));
                 }
             }
@@ -225,20 +230,23 @@ impl Swaps {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         self.status
             .lock()
-            .expect("swap lock")
+            .unwrap_or_else(|e| e.into_inner())
             .insert(ticket, SwapStatus::Pending);
-        self.ready.lock().expect("swap lock").push(Ready {
-            ticket,
-            proposer,
-            config,
-        });
+        self.ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Ready {
+                ticket,
+                proposer,
+                config,
+            });
         ticket
     }
 
     pub fn status(&self, ticket: u64) -> SwapStatus {
         self.status
             .lock()
-            .expect("swap lock")
+            .unwrap_or_else(|e| e.into_inner())
             .get(&ticket)
             .cloned()
             .unwrap_or(SwapStatus::Unknown)
@@ -246,7 +254,7 @@ impl Swaps {
 
     /// Install every drafter that finished loading (called by the step loop between steps).
     pub fn apply_ready(&self, core: &mut Core) {
-        let mut ready = std::mem::take(&mut *self.ready.lock().expect("swap lock"));
+        let mut ready = std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()));
         ready.sort_by_key(|r| r.ticket);
         for r in ready {
             core.proposer = r.proposer;
@@ -255,14 +263,17 @@ impl Swaps {
             core.draft_cost = Default::default();
             core.guard = Default::default();
             if r.config.is_some() || core.proposer.is_none() {
-                *self.current.lock().expect("swap lock") = r.config;
+                *self.current.lock().unwrap_or_else(|e| e.into_inner()) = r.config;
             }
-            self.status.lock().expect("swap lock").insert(
-                r.ticket,
-                SwapStatus::Applied {
-                    generation: core.draft_generation,
-                },
-            );
+            self.status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    r.ticket,
+                    SwapStatus::Applied {
+                        generation: core.draft_generation,
+                    },
+                );
         }
     }
 }

@@ -138,6 +138,7 @@ fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> 
         think_end: marker(p.think_end, p.n_think_end, "think_end")?,
         speculate: p.speculate,
         logprobs: p.logprobs,
+        fault: None,
     })
 }
 

@@ -1,0 +1,177 @@
+//! Panic containment with an injected fault (`Request::fault`): a request whose step panics fails
+//! with an error event while the engine keeps serving the others, whose outputs (tokens and
+//! log-probs) stay bit-identical to a run without the fault; a request that panicked once (a
+//! transient fault) finishes with its normal output; the engine stays usable afterwards.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::repo;
+use specmla::engine::{
+    DraftSource, Engine, EngineConfig, Event, Fault, FinishReason, Prompt, Request,
+};
+use specmla::kv::KvDtype;
+use specmla::spec::SpecMode;
+
+fn request(i: u32) -> Request {
+    let mut r = Request::new(Prompt::Tokens(vec![
+        3 + i * 7 % 90,
+        17,
+        29 + i % 50,
+        41,
+        5 + i,
+    ]));
+    r.sampling.max_tokens = 10;
+    r.sampling.ignore_eos = true;
+    r.logprobs = true;
+    r
+}
+
+#[derive(Default, Debug, Clone)]
+struct Out {
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish: Option<FinishReason>,
+    finishes: usize,
+}
+
+/// Submit all, step until every request has finished; every request must finish exactly once.
+fn run(e: &Engine, reqs: Vec<Request>) -> Vec<Out> {
+    let ids: Vec<u64> = reqs.into_iter().map(|r| e.submit(r).unwrap()).collect();
+    let mut outs: HashMap<u64, Out> = ids.iter().map(|&id| (id, Out::default())).collect();
+    let mut steps = 0;
+    while outs.values().any(|o| o.finish.is_none()) {
+        steps += 1;
+        assert!(steps < 10_000, "no progress");
+        for Event {
+            id,
+            tokens,
+            logprobs,
+            finish,
+            ..
+        } in e.step().expect("a contained panic is not a step error")
+        {
+            let o = outs.get_mut(&id).expect("event for a submitted request");
+            assert!(
+                o.finish.is_none(),
+                "request {id}: event after its final event"
+            );
+            o.tokens.extend(tokens);
+            o.logprobs.extend(logprobs);
+            if let Some(f) = finish {
+                o.finishes += 1;
+                o.finish = Some(f);
+            }
+        }
+    }
+    assert!(!e.has_work());
+    ids.iter().map(|id| outs.remove(id).unwrap()).collect()
+}
+
+fn engine(draft: bool) -> Engine {
+    let g = repo().join("models/golden");
+    let cfg = EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec: SpecMode::Fixed(3),
+        threads: 2,
+        ..EngineConfig::default()
+    };
+    let d = if draft {
+        DraftSource::Dir(g.join("v3_bf16"))
+    } else {
+        DraftSource::None
+    };
+    Engine::new(&g.join("v3_yarn"), d, cfg).unwrap()
+}
+
+fn faulty(i: u32, at_generated: usize, times: u32) -> Request {
+    let mut r = request(i);
+    r.fault = Some(Fault {
+        at_generated,
+        times,
+    });
+    r
+}
+
+#[test]
+fn a_panicking_request_fails_alone_and_the_others_are_unchanged() {
+    for draft in [false, true] {
+        let e = engine(draft);
+        let base = run(&e, (0..4).map(request).collect());
+        for o in &base {
+            assert_eq!(o.finish, Some(FinishReason::Length));
+        }
+        let e = engine(draft);
+        // Request 1 panics every time once it has 3 tokens; the others share its batches.
+        let reqs = vec![request(0), faulty(1, 3, u32::MAX), request(2), request(3)];
+        let got = run(&e, reqs);
+        for (i, (g, b)) in got.iter().zip(&base).enumerate() {
+            assert_eq!(g.finishes, 1, "draft {draft}, request {i}");
+            if i == 1 {
+                match &g.finish {
+                    Some(FinishReason::Error(m)) => {
+                        assert!(m.contains("injected fault"), "{m}")
+                    }
+                    other => panic!("draft {draft}: the faulty request ended {other:?}"),
+                }
+                // What it committed before the fault is a prefix of its normal output.
+                assert!(g.tokens.len() >= 3 && b.tokens.starts_with(&g.tokens));
+                continue;
+            }
+            assert_eq!(
+                g.tokens, b.tokens,
+                "draft {draft}, request {i}: tokens changed"
+            );
+            let same = g
+                .logprobs
+                .iter()
+                .zip(&b.logprobs)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same && g.logprobs.len() == b.logprobs.len(),
+                "request {i}: log-probs changed"
+            );
+        }
+        let st = e.stats();
+        assert_eq!(st.panics_contained, 2, "one in the batch, one alone");
+        // The engine keeps serving: a fresh batch gives the reference outputs.
+        let again = run(&e, (0..4).map(request).collect());
+        for (g, b) in again.iter().zip(&base) {
+            assert_eq!(g.tokens, b.tokens);
+        }
+    }
+}
+
+#[test]
+fn a_transient_panic_loses_nothing() {
+    let e = engine(true);
+    let base = run(&e, (0..3).map(request).collect());
+    let e = engine(true);
+    // Request 0 panics once (at 5 tokens): all three are rerun alone, nobody fails.
+    let got = run(&e, vec![faulty(0, 5, 1), request(1), request(2)]);
+    for (i, (g, b)) in got.iter().zip(&base).enumerate() {
+        assert_eq!(g.finish, Some(FinishReason::Length), "request {i}");
+        assert_eq!(g.tokens, b.tokens, "request {i}");
+        assert_eq!(g.logprobs.len(), b.logprobs.len());
+        assert!(g
+            .logprobs
+            .iter()
+            .zip(&b.logprobs)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    assert_eq!(e.stats().panics_contained, 1);
+}
+
+#[test]
+fn a_lone_panicking_request_fails_at_once() {
+    let e = engine(false);
+    let got = run(&e, vec![faulty(0, 0, u32::MAX)]);
+    assert!(matches!(got[0].finish, Some(FinishReason::Error(_))));
+    assert!(got[0].tokens.is_empty());
+    assert_eq!(e.stats().panics_contained, 1);
+    // Counters and stats stay readable; the next request runs normally.
+    let ok = run(&e, vec![request(0)]);
+    assert_eq!(ok[0].finish, Some(FinishReason::Length));
+    assert_eq!(ok[0].tokens.len(), 10);
+}
