@@ -130,6 +130,24 @@ impl KvCache {
                     ),
                 )
             })?;
+        // Bookkeeping per block (allocator, prefix cache) is allocated eagerly, the slots lazily;
+        // a pool the machine cannot hold is refused here instead of aborting on allocation.
+        let bookkeeping = cfg.num_blocks.saturating_mul(64);
+        if let Some(mem) = physical_memory() {
+            if total.saturating_add(bookkeeping) as u64 > mem {
+                return Err(Error::config(
+                    "num_blocks",
+                    format!(
+                        "KV pool of {} blocks x {} tokens needs {:.1} GiB, more than this machine's \
+                         {:.1} GiB of memory",
+                        cfg.num_blocks,
+                        cfg.block_size,
+                        total as f64 / (1u64 << 30) as f64,
+                        mem as f64 / (1u64 << 30) as f64
+                    ),
+                ));
+            }
+        }
         let n_slots = cfg.num_blocks * cfg.block_size;
         Ok(KvCache {
             pool: KvPool::new(
@@ -506,4 +524,14 @@ impl KvCache {
             self.release(b);
         }
     }
+}
+
+/// RAM + swap in bytes (Linux `/proc/meminfo`); `None` where it cannot be read.
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |key: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    Some((kib("MemTotal:")? + kib("SwapTotal:").unwrap_or(0)) * 1024)
 }

@@ -427,3 +427,18 @@ fn read_range_throughput() {
         );
     }
 }
+
+#[test]
+fn a_pool_larger_than_the_machine_is_refused_not_aborted() {
+    // 2^32 - 1 blocks of 16 tokens x 576 f32 x 61 layers: ~9 PB.
+    let huge = KvConfig {
+        num_layers: 61,
+        kv_lora_rank: 512,
+        rope_dim: 64,
+        block_size: 16,
+        num_blocks: u32::MAX as usize,
+        dtype: KvDtype::F32,
+    };
+    let err = KvCache::new(huge).err().expect("refused");
+    assert!(err.to_string().contains("num_blocks"), "{err}");
+}
