@@ -3,7 +3,7 @@
 #   make lib                      release build of libspecmla.so (+ libspecmla.so.0 link)
 #   make header                   regenerate include/specmla.h with cbindgen (a test checks drift)
 #   make install PREFIX=/opt/x    lib + SONAME links + header + pkg-config file
-#   make test-bindings            test-c (ASan/LSan/UBSan) test-cpp test-go test-node
+#   make test-bindings            test-c (ASan/LSan/UBSan, soak) test-cpp test-go (-race) test-node
 #
 # Test models: models/draft as the target and models/draft-weak as the draft when they exist
 # (swaps go to models/draft and back), else the random-weight golden models with token-id prompts.
@@ -31,6 +31,7 @@ ifneq ($(wildcard models/draft/config.json),)
   SPECMLA_PROMPT ?= $(shell head -n 1 models/workload/prompts.txt 2>/dev/null || echo '<bos>Q: Evaluate mod 10, starting from 0: a+9,b-7,c+5<think>')
   SPECMLA_PROMPT_IDS ?=
   SPECMLA_THINK_IDS ?=
+  SPECMLA_SOAK_PROMPTS ?= $(wildcard $(CURDIR)/models/workload/prompts.txt)
 else
   SPECMLA_TARGET ?= $(CURDIR)/models/golden/v3_yarn
   SPECMLA_DRAFT  ?= $(CURDIR)/models/golden/v3_bf16
@@ -38,6 +39,7 @@ else
   SPECMLA_PROMPT ?=
   SPECMLA_PROMPT_IDS ?= 5,17,42,7,99,3,1
   SPECMLA_THINK_IDS ?= 1,2
+  SPECMLA_SOAK_PROMPTS ?=
 endif
 EXPECTED := $(CURDIR)/$(BUILD)/expected.json
 
@@ -49,6 +51,7 @@ else
   SPECMLA_MTP_TARGET ?= $(CURDIR)/models/golden/v3_yarn
 endif
 export SPECMLA_TARGET SPECMLA_DRAFT SPECMLA_DRAFT2 SPECMLA_PROMPT SPECMLA_PROMPT_IDS SPECMLA_THINK_IDS SPECMLA_MTP_TARGET
+export SPECMLA_SOAK_PROMPTS
 export SPECMLA_MAX_TOKENS := $(MAX_TOKENS)
 export SPECMLA_BUDGET := $(BUDGET)
 
@@ -101,20 +104,26 @@ $(BUILD)/c/generate: examples/c/generate.c include/specmla.h lib
 	@mkdir -p $(BUILD)/c
 	$(CC) -std=gnu11 -O2 -Wall -Wextra -Werror -Iinclude $(SAN) $< -o $@ $(LDLIBS_T)
 
-test-c: check-exports expected $(BUILD)/c/test_misuse $(BUILD)/c/test_generate $(BUILD)/c/test_threads $(BUILD)/c/generate
+# test_soak: one engine from several threads for ~30 s (SPECMLA_SOAK_SECONDS=600 for a longer run).
+# A small ASan quarantine (default 256 MB of freed blocks) so its RSS check measures the engine.
+test-c: check-exports expected $(BUILD)/c/test_misuse $(BUILD)/c/test_generate $(BUILD)/c/test_threads $(BUILD)/c/generate \
+  $(BUILD)/c/test_soak
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/c/test_misuse
 	ASAN_OPTIONS=detect_leaks=1 $(expected_env) $(BUILD)/c/test_generate
 	ASAN_OPTIONS=detect_leaks=1 $(BUILD)/c/test_threads
 	ASAN_OPTIONS=detect_leaks=1 $(BUILD)/c/generate "$$SPECMLA_TARGET" "$$SPECMLA_DRAFT" \
 	  "$${SPECMLA_PROMPT:-ids:$$SPECMLA_PROMPT_IDS}" $(MAX_TOKENS) $(BUDGET)
+	ASAN_OPTIONS=detect_leaks=1:quarantine_size_mb=16 UBSAN_OPTIONS=print_stacktrace=1 $(BUILD)/c/test_soak
 
 test-cpp: lib expected
 	cmake -S bindings/cpp -B $(BUILD)/cpp -DCMAKE_BUILD_TYPE=Release -DSPECMLA_ROOT=$(CURDIR) >/dev/null
 	cmake --build $(BUILD)/cpp -j2
 	cd $(BUILD)/cpp && $(expected_env) ctest --output-on-failure
 
+# Under the race detector (TestSoak drives one engine from many goroutines; the whole suite takes
+# ~10 s with -race, the first run also builds the race runtime).
 test-go: lib expected
-	cd bindings/go && $(expected_env) go test -count=1 ./...
+	cd bindings/go && $(expected_env) go test -race -count=1 ./...
 	cd bindings/go && go run ./examples/generate
 
 NODE_ADDON := bindings/node/build/specmla.node

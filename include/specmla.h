@@ -494,7 +494,7 @@ typedef struct specmla_stats {
   uint64_t running;
   uint64_t waiting;
   /**
-   * Counters summed over finished and running requests.
+   * Counters summed over finished, running and waiting requests.
    */
   struct specmla_counters totals;
   double time_target_forward_s;

@@ -103,7 +103,7 @@ pub struct EngineStats {
     pub steps: u64,
     pub running: usize,
     pub waiting: usize,
-    /// Counters summed over finished and running requests.
+    /// Counters summed over finished, running and waiting requests.
     pub totals: Counters,
     pub mean_acceptance_length: f64,
     pub time_target_forward_s: f64,
@@ -489,7 +489,8 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let core = lock(&self.core);
         let mut totals = core.finished_totals.clone();
-        for r in core.running.iter() {
+        // Waiting requests too: a preempted request's counters must not drop out of the totals.
+        for r in core.running.iter().chain(core.waiting.iter()) {
             totals.add(&r.counters);
         }
         let kv = core.kv.stats();

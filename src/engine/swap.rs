@@ -185,13 +185,22 @@ impl Swaps {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
     }
 
+    /// A new ticket, recorded as pending. Finished tickets more than `KEEP_TICKETS` old are
+    /// forgotten (their status reads `Unknown`), so a server that swaps forever stays bounded.
+    fn new_ticket(&self) -> u64 {
+        const KEEP_TICKETS: u64 = 4096;
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        if status.len() as u64 >= 2 * KEEP_TICKETS {
+            status.retain(|&t, s| t + KEEP_TICKETS > ticket || matches!(s, SwapStatus::Pending));
+        }
+        status.insert(ticket, SwapStatus::Pending);
+        ticket
+    }
+
     /// Start a background load; returns the ticket.
     pub fn start(&self, src: DraftSource, ctx: SwapCtx) -> u64 {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ticket, SwapStatus::Pending);
+        let ticket = self.new_ticket();
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
         std::thread::spawn(move || {
@@ -227,11 +236,7 @@ impl Swaps {
         proposer: Option<Box<dyn Proposer>>,
         config: Option<ModelConfig>,
     ) -> u64 {
-        let ticket = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(ticket, SwapStatus::Pending);
+        let ticket = self.new_ticket();
         self.ready
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -179,7 +179,7 @@ pub struct Stats {
     pub steps: u64,
     pub running: u64,
     pub waiting: u64,
-    /// Counters summed over finished and running requests.
+    /// Counters summed over finished, running and waiting requests.
     pub totals: CCounters,
     pub time_target_forward_s: f64,
     pub time_draft_s: f64,
