@@ -159,8 +159,11 @@ impl ModelConfig {
             r => r,
         };
         let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
-        if rms_norm_eps <= 0.0 {
-            return Err(o.err("rms_norm_eps", format!("must be > 0, found {rms_norm_eps}")));
+        if rms_norm_eps <= 0.0 || rms_norm_eps > 1.0 {
+            return Err(o.err(
+                "rms_norm_eps",
+                format!("must be in (0, 1], found {rms_norm_eps}"),
+            ));
         }
         let num_hidden_layers = o.req_dim("num_hidden_layers")?;
         // transformers 5 also reads `num_mtp_layers` (an alias of the same attribute).
@@ -345,6 +348,31 @@ const MAX_EXPERTS: usize = 1 << 14;
 const MAX_POSITIONS: usize = 1 << 26;
 
 fn check_bounds(o: &Obj<'_>, cfg: &ModelConfig) -> Result<()> {
+    // The attention scales derived from the RoPE fields must be usable f32 numbers.
+    let scale = cfg.softmax_scale();
+    let cos_sin = cfg
+        .rope_scaling
+        .as_ref()
+        .map_or(1.0, |y| y.cos_sin_mscale());
+    if !(scale.is_finite() && scale > 0.0 && cos_sin.is_finite() && cos_sin != 0.0) {
+        let key = if cfg.rope_scaling.is_some() {
+            "rope_scaling"
+        } else {
+            "qk_rope_head_dim"
+        };
+        return Err(o.err(
+            key,
+            format!("gives a softmax scale {scale} and a cos/sin factor {cos_sin}: not usable"),
+        ));
+    }
+    if let Some(m) = &cfg.moe {
+        if !(m.routed_scaling_factor.is_finite() && m.routed_scaling_factor <= 1e6) {
+            return Err(o.err(
+                "routed_scaling_factor",
+                format!("{} is out of range (<= 1e6)", m.routed_scaling_factor),
+            ));
+        }
+    }
     let mut dims = vec![
         ("hidden_size", cfg.hidden_size, MAX_DIM),
         ("intermediate_size", cfg.intermediate_size, MAX_DIM),

@@ -117,8 +117,8 @@ pub(crate) fn parse_rope(
 }
 
 fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
-    if t <= 0.0 {
-        return Err(o.err(key, format!("must be > 0, found {t}")));
+    if t <= 0.0 || t > 1e12 {
+        return Err(o.err(key, format!("must be in (0, 1e12], found {t}")));
     }
     Ok(t)
 }
@@ -182,6 +182,20 @@ fn parse_yarn(root: &Obj<'_>, p: &Obj<'_>, max_position_embeddings: usize) -> Re
         ));
     }
     let mscale = p.f64_or("mscale", 1.0)?;
+    // Far outside any release (DeepSeek: factor 40, mscale 0.707 / 1), these keep the cos/sin
+    // factor and the softmax scale finite in f32 instead of turning every logit into NaN.
+    for (key, v, max) in [
+        ("factor", factor, 1e6),
+        ("mscale", mscale, 1e3),
+        ("mscale_all_dim", mscale_all_dim, 1e3),
+        ("attention_factor", attention_factor.unwrap_or(1.0), 1e3),
+        ("beta_fast", beta_fast, 1e6),
+        ("beta_slow", beta_slow, 1e6),
+    ] {
+        if v.abs() > max {
+            return Err(p.err(key, format!("{v} is out of range (|value| <= {max})")));
+        }
+    }
     Ok(YarnScaling {
         factor,
         mscale,

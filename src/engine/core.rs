@@ -450,6 +450,11 @@ impl Core {
                 if done {
                     let row = &logits[row0 * vocab..(row0 + 1) * vocab];
                     row0 += 1;
+                    if !finite(row) {
+                        fail_non_finite(r);
+                        verified.push(None);
+                        continue;
+                    }
                     let forced = r.budget.forced_next();
                     let (tok, _) = match forced {
                         Some(f) => (f, Verdict::Bonus),
@@ -474,6 +479,10 @@ impl Core {
             let mut model_accepted = 0usize;
             for i in 0..=n {
                 let row = &logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                if !finite(row) {
+                    fail_non_finite(r);
+                    break;
+                }
                 let d = prop.tokens.get(i).copied();
                 let forced = r.budget.forced_next();
                 let (tok, verdict) = match forced {
@@ -654,6 +663,22 @@ fn publish_prefix(kv: &mut KvCache, r: &mut ReqState, enabled: bool) {
 
 /// Commit one token to a request: budget accounting, log-prob, detokenisation, stop checks.
 /// Returns true when the request finished.
+/// Whether a logit row holds only finite values (a corrupted or overflowing model gives NaN/inf,
+/// which no sampler can turn into a meaningful token).
+fn finite(row: &[f32]) -> bool {
+    row.iter().all(|x| x.is_finite())
+}
+
+/// End a request whose logits are not finite, with an error saying so.
+fn fail_non_finite(r: &mut ReqState) {
+    let f = FinishReason::Error(
+        "the model produced non-finite logits (NaN or inf): its weights or config are broken"
+            .into(),
+    );
+    r.finished = Some(f.clone());
+    r.event.finish = Some(f);
+}
+
 fn commit(
     r: &mut ReqState,
     tok: u32,
