@@ -179,7 +179,22 @@ pub struct Engine {
 
 impl Engine {
     /// Load a target model directory; `draft` optionally names a drafter.
+    /// Malformed files give typed errors; a panic inside a dependency while loading is caught
+    /// and returned as `Error::Engine` (the caller's process keeps running).
     pub fn new(target_dir: &Path, draft: DraftSource, cfg: EngineConfig) -> Result<Engine> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Engine::load(target_dir, draft, cfg)
+        }))
+        .unwrap_or_else(|payload| {
+            Err(Error::Engine(format!(
+                "loading {} panicked: {}",
+                target_dir.display(),
+                contain::panic_message(payload.as_ref())
+            )))
+        })
+    }
+
+    fn load(target_dir: &Path, draft: DraftSource, cfg: EngineConfig) -> Result<Engine> {
         let pool = build_pool(cfg.threads, cfg.isa)?;
         let model = Arc::new(pool.install(|| Model::load_dir(target_dir))?);
         let tokenizer = Tokenizer::from_model_dir(target_dir)?.map(Arc::new);
@@ -589,7 +604,7 @@ impl Engine {
     /// Same, but load and validate on the calling thread; the swap still lands between steps.
     /// Returns the error of bad weights directly (the old drafter keeps serving).
     pub fn set_draft_weights_blocking(&self, src: DraftSource) -> Result<u64> {
-        let (p, config) = swap::build(src, &self.swap_ctx())?;
+        let (p, config) = swap::build_contained(src, &self.swap_ctx())?;
         Ok(self.swaps.enqueue_ready(p, config))
     }
 

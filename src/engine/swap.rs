@@ -81,10 +81,25 @@ pub(crate) struct Swaps {
 
 /// Build and validate a drafter (runs off the step path).
 pub(crate) fn build_proposer(src: DraftSource, ctx: &SwapCtx) -> Result<Box<dyn Proposer>> {
-    Ok(match build(src, ctx)? {
+    Ok(match build_contained(src, ctx)? {
         (Some(p), _) => p,
         (None, _) => return Err(Error::Draft("no drafter".into())),
     })
+}
+
+/// [`build`] with a panic (a dependency's, on malformed files) turned into `Error::Draft`.
+pub(crate) fn build_contained(
+    src: DraftSource,
+    ctx: &SwapCtx,
+) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, ctx))).unwrap_or_else(
+        |payload| {
+            Err(Error::Draft(format!(
+                "loading the drafter panicked: {}",
+                super::contain::panic_message(payload.as_ref())
+            )))
+        },
+    )
 }
 
 pub(crate) fn build(
@@ -203,28 +218,17 @@ impl Swaps {
         let ticket = self.new_ticket();
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
-        std::thread::spawn(move || {
-            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, &ctx)));
-            match res {
-                Ok(Ok((proposer, config))) => {
-                    ready.lock().unwrap_or_else(|e| e.into_inner()).push(Ready {
-                        ticket,
-                        proposer,
-                        config,
-                    })
-                }
-                Ok(Err(e)) => {
-                    status
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(ticket, SwapStatus::Failed(e.to_string()));
-                }
-                Err(_) => {
-                    status
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(ticket, SwapStatus::Failed("loader panicked".into()));
-                }
+        std::thread::spawn(move || match build_contained(src, &ctx) {
+            Ok((proposer, config)) => ready.lock().unwrap_or_else(|e| e.into_inner()).push(Ready {
+                ticket,
+                proposer,
+                config,
+            }),
+            Err(e) => {
+                status
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(ticket, SwapStatus::Failed(e.to_string()));
             }
         });
         ticket
