@@ -237,7 +237,8 @@ def check(name):
 
 
 def main(argv):
-    names = argv or sorted(n for n in os.listdir(GOLDEN) if os.path.isdir(os.path.join(GOLDEN, n)))
+    # Fixture directories only (models/golden/v32/ holds the V3.2 fixtures: check_formulas_v32.py).
+    names = argv or sorted(n for n in os.listdir(GOLDEN) if os.path.isfile(os.path.join(GOLDEN, n, "config.json")))
     ok = all([check(n) for n in names])
     sys.exit(0 if ok else 1)
 
