@@ -55,11 +55,14 @@ impl Tokenizer {
         })
     }
 
-    /// Parse a `tokenizer.json` document held in memory.
+    /// Parse a `tokenizer.json` document held in memory. A malformed document is
+    /// [`Error::Tokenizer`], also where the `tokenizers` crate panics on it instead of returning
+    /// an error (it does for some: see [`contain_panic`]).
     pub fn from_bytes(json: &[u8]) -> Result<Self> {
-        let inner = tokenizers::Tokenizer::from_bytes(json)
-            .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
-        Ok(Self::from_inner(inner))
+        let parsed = contain_panic("cannot parse tokenizer.json", || {
+            tokenizers::Tokenizer::from_bytes(json).map(Self::from_inner)
+        })?;
+        parsed.map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))
     }
 
     /// Load `<dir>/tokenizer.json`; `Ok(None)` when the directory has no such file.
@@ -71,7 +74,12 @@ impl Tokenizer {
         Self::from_file(&path).map(Some)
     }
 
-    fn from_inner(inner: tokenizers::Tokenizer) -> Self {
+    fn from_inner(mut inner: tokenizers::Tokenizer) -> Self {
+        // A prompt is encoded as it is: the file's padding (a `Fixed(10^8)` length allocates
+        // gigabytes; any padding changes the output) and truncation (silently cuts the prompt)
+        // settings are training-time batching options, dropped here.
+        inner.with_padding(None);
+        let _ = inner.with_truncation(None);
         let max_id = inner.get_vocab(true).values().copied().max();
         let vocab_size = max_id
             .map_or(0, |m| m as usize + 1)
@@ -174,6 +182,23 @@ impl Tokenizer {
     }
 }
 
+/// Run `f`, turning a panic inside it into [`Error::Tokenizer`] (`what`: the failed operation).
+///
+/// The `tokenizers` crate panics instead of returning an error on some malformed documents (the
+/// fuzzer found a decoder whose untagged-enum helper panics on a serde error: invalid UTF-8 in a
+/// field, `fuzz/regressions/tokenizer/`). A tokenizer.json is outside input, so its parse runs
+/// here; the panic message is kept (the process's panic hook still prints it once).
+fn contain_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Error::Tokenizer(format!("{what}: the tokenizers crate panicked: {msg}"))
+    })
+}
+
 /// 64-bit FNV-1a; chosen over `std::hash` because its output is specified and never changes.
 struct Fnv64(u64);
 
@@ -267,6 +292,44 @@ mod tests {
         let not_special = WORDLEVEL.replacen("\"special\": true", "\"special\": false", 1);
         let d = Tokenizer::from_bytes(not_special.as_bytes()).unwrap();
         assert_ne!(a.vocab_fingerprint(), d.vocab_fingerprint());
+    }
+
+    #[test]
+    fn padding_and_truncation_settings_are_ignored() {
+        let doc = |extra: &str| {
+            format!(
+                "{{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\
+                 \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":null,\
+                 \"decoder\":null,{extra}\"model\":{{\"type\":\"WordLevel\",\
+                 \"vocab\":{{\"a\":0,\"b\":1,\"<pad>\":2}},\"unk_token\":\"a\"}}}}"
+            )
+        };
+        let plain = Tokenizer::from_bytes(doc("").as_bytes()).unwrap();
+        let want = plain.encode("a b a b a", false).unwrap();
+        assert_eq!(want, vec![0, 1, 0, 1, 0]);
+        let padded = doc(
+            "\"padding\":{\"strategy\":{\"Fixed\":100000000},\"direction\":\"Right\",\
+             \"pad_to_multiple_of\":null,\"pad_id\":2,\"pad_type_id\":0,\"pad_token\":\"<pad>\"},\
+             \"truncation\":{\"direction\":\"Right\",\"max_length\":2,\"strategy\":\"LongestFirst\",\
+             \"stride\":0},",
+        );
+        let t = Tokenizer::from_bytes(padded.as_bytes()).unwrap();
+        assert_eq!(t.encode("a b a b a", false).unwrap(), want);
+    }
+
+    #[test]
+    fn parser_panics_are_contained() {
+        // Invalid UTF-8 in a decoder's key makes the `tokenizers` crate panic (not fail).
+        let doc =
+            b"{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,\"pre_tokenizer\":null,\
+            \"post_processor\":null,\"decoder\":{\"type\":\"Metaspace\",\"replacement\":\"_\",\
+            \"prepend_sch\xf0\xf0\":\"always\",\"split\":true},\
+            \"model\":{\"type\":\"WordLevel\",\"vocab\":{\"x\":0},\"unk_token\":\"x\"}}";
+        let err = Tokenizer::from_bytes(doc).unwrap_err();
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("panicked")),
+            "{err}"
+        );
     }
 
     #[test]
