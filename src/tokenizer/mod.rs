@@ -59,6 +59,10 @@ impl Tokenizer {
     /// [`Error::Tokenizer`], also where the `tokenizers` crate panics on it instead of returning
     /// an error (it does for some: see [`contain_panic`]).
     pub fn from_bytes(json: &[u8]) -> Result<Self> {
+        // Syntax first: the crate turns a syntax error inside some sections (the decoder) into
+        // a panic, so a document that is not JSON never reaches it.
+        serde_json::from_slice::<serde::de::IgnoredAny>(json)
+            .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
         let parsed = contain_panic("cannot parse tokenizer.json", || {
             tokenizers::Tokenizer::from_bytes(json).map(Self::from_inner)
         })?;

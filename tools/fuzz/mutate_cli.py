@@ -10,8 +10,10 @@ temporary directory, applies exactly ONE mutation to one of its files, runs
 with a per-run timeout and classifies the outcome:
 
     OK           exit 0
-    CLEAN_ERROR  exit 1 with the CLI's ``specmla: error: ...`` line (src/bin/specmla/main.rs)
-    PANIC        exit 101 or ``panicked at`` in stderr
+    CLEAN_ERROR  exit 1 with the CLI's ``specmla: error: ...`` line (src/bin/specmla/main.rs);
+                 also when a panic inside a dependency was contained and turned into that error
+                 (the default panic hook still prints its ``panicked at`` line)
+    PANIC        exit 101, or ``panicked at`` in stderr without the clean error exit
     ABORT        killed by a signal (SIGABRT from a failed allocation, SIGSEGV, SIGKILL, ...)
     UNCLEAN_EXIT any other non-zero exit, or exit 1 without the CLI's error line
     TIMEOUT      still running after --timeout seconds (the process group is killed)
@@ -607,7 +609,7 @@ def classify(res):
         return "TIMEOUT"
     if rc < 0:
         return "ABORT"
-    if rc == 101 or "panicked at" in err:
+    if rc == 101 or ("panicked at" in err and not (rc == 1 and "specmla: error:" in err)):
         return "PANIC"
     if rc == 0:
         return "OK"

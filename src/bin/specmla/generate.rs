@@ -310,5 +310,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.time_target_forward_s, stats.time_draft_s
         );
     }
+    let failed = outs.iter().filter(|o| o.3 == "error").count();
+    if failed > 0 {
+        return Err(Error::Engine(format!(
+            "{failed} of {n} requests failed (reasons above)"
+        )));
+    }
     Ok(())
 }
