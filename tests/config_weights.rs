@@ -563,6 +563,13 @@ fn refusals_name_their_field() {
             set("num_attention_heads", json!(1 << 20)),
             "num_attention_heads",
         ),
+        // Found by fuzzing: overflowed qk_head_dim before the bounds ran (debug builds panicked).
+        (
+            set("qk_nope_head_dim", json!(18446744073709551614u64)),
+            "qk_nope_head_dim",
+        ),
+        // Found by fuzzing: 61 layers x 16384 experts listed ~3e6 expected tensors first.
+        (set("n_routed_experts", json!(16384)), "n_routed_experts"),
         (
             set(
                 "quantization_config",

@@ -348,31 +348,6 @@ const MAX_EXPERTS: usize = 1 << 14;
 const MAX_POSITIONS: usize = 1 << 26;
 
 fn check_bounds(o: &Obj<'_>, cfg: &ModelConfig) -> Result<()> {
-    // The attention scales derived from the RoPE fields must be usable f32 numbers.
-    let scale = cfg.softmax_scale();
-    let cos_sin = cfg
-        .rope_scaling
-        .as_ref()
-        .map_or(1.0, |y| y.cos_sin_mscale());
-    if !(scale.is_finite() && scale > 0.0 && cos_sin.is_finite() && cos_sin != 0.0) {
-        let key = if cfg.rope_scaling.is_some() {
-            "rope_scaling"
-        } else {
-            "qk_rope_head_dim"
-        };
-        return Err(o.err(
-            key,
-            format!("gives a softmax scale {scale} and a cos/sin factor {cos_sin}: not usable"),
-        ));
-    }
-    if let Some(m) = &cfg.moe {
-        if !(m.routed_scaling_factor.is_finite() && m.routed_scaling_factor <= 1e6) {
-            return Err(o.err(
-                "routed_scaling_factor",
-                format!("{} is out of range (<= 1e6)", m.routed_scaling_factor),
-            ));
-        }
-    }
     let mut dims = vec![
         ("hidden_size", cfg.hidden_size, MAX_DIM),
         ("intermediate_size", cfg.intermediate_size, MAX_DIM),
@@ -425,6 +400,49 @@ fn check_bounds(o: &Obj<'_>, cfg: &ModelConfig) -> Result<()> {
             return Err(o.err(key, format!("implies a matrix of {n} elements (over 2^40)")));
         }
     }
+    // The tensor-set check lists every expected tensor: keep that list bounded too.
+    let per_layer = 16 + cfg.moe.as_ref().map_or(0, |m| 3 * m.n_routed_experts + 3);
+    let layers = cfg.num_hidden_layers + cfg.num_nextn_predict_layers;
+    if layers * per_layer > 1 << 20 {
+        let key = if cfg.moe.is_some() {
+            "n_routed_experts"
+        } else {
+            "num_hidden_layers"
+        };
+        return Err(o.err(
+            key,
+            format!(
+                "{layers} layers of {per_layer} tensors exceed the supported 2^20 tensors \
+                 (DeepSeek-V3: ~48K)"
+            ),
+        ));
+    }
+    // The attention scales derived from the RoPE fields must be usable f32 numbers.
+    let scale = cfg.softmax_scale();
+    let cos_sin = cfg
+        .rope_scaling
+        .as_ref()
+        .map_or(1.0, |y| y.cos_sin_mscale());
+    if !(scale.is_finite() && scale > 0.0 && cos_sin.is_finite() && cos_sin != 0.0) {
+        let key = if cfg.rope_scaling.is_some() {
+            "rope_scaling"
+        } else {
+            "qk_rope_head_dim"
+        };
+        return Err(o.err(
+            key,
+            format!("gives a softmax scale {scale} and a cos/sin factor {cos_sin}: not usable"),
+        ));
+    }
+    if let Some(m) = &cfg.moe {
+        if !(m.routed_scaling_factor.is_finite() && m.routed_scaling_factor <= 1e6) {
+            return Err(o.err(
+                "routed_scaling_factor",
+                format!("{} is out of range (<= 1e6)", m.routed_scaling_factor),
+            ));
+        }
+    }
+
     Ok(())
 }
 
