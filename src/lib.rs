@@ -13,6 +13,8 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kernels;
 pub mod kv;
 pub mod model;

@@ -180,6 +180,12 @@ pub(crate) fn call(f: impl FnOnce() -> FfiResult<()>) -> Status {
     })
 }
 
+/// Register an engine built in Rust as a C handle (the fuzz harness builds its engine around
+/// an in-memory tokenizer, then drives it through the exports like any C caller).
+pub(crate) fn register_engine(engine: crate::engine::Engine) -> *mut EngineHandle {
+    handle::register(engine).expect("handle registry lock")
+}
+
 /// Log sink: `level` is one of `SPECMLA_LOG_*`; `message` is valid only during the call.
 pub type LogCallback =
     Option<unsafe extern "C" fn(level: u32, message: *const c_char, user_data: *mut c_void)>;

@@ -188,10 +188,13 @@ impl Tokenizer {
 
 /// Run `f`, turning a panic inside it into [`Error::Tokenizer`] (`what`: the failed operation).
 ///
-/// The `tokenizers` crate panics instead of returning an error on some malformed documents (the
-/// fuzzer found a decoder whose untagged-enum helper panics on a serde error: invalid UTF-8 in a
-/// field, `fuzz/regressions/tokenizer/`). A tokenizer.json is outside input, so its parse runs
-/// here; the panic message is kept (the process's panic hook still prints it once).
+/// The `tokenizers` crate (0.23) panics instead of returning an error on some malformed
+/// documents: its `decoder` deserialiser does `.expect("Helper")` on a serde error while reading
+/// that section (a syntax error in it; invalid UTF-8 in a key, which a syntax-only check lets
+/// through; found by the fuzzer, `fuzz/regressions/tokenizer/`). A tokenizer.json is outside
+/// input, so its parse runs here. The panic message is kept; the process's panic hook still
+/// prints it once, and a host built with `panic = "abort"` cannot contain it (hence the syntax
+/// check in `from_bytes`, which catches the common case before the crate sees it).
 fn contain_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
         let msg = p

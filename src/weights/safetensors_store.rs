@@ -1,4 +1,5 @@
-//! Memory-mapped safetensors checkpoints: one file, a sharded directory, or an in-memory buffer.
+//! Memory-mapped safetensors checkpoints: one file, a sharded directory, or in-memory bytes (one
+//! file, or an index with its shards: [`WeightStore::open_index_bytes`]).
 //!
 //! Data flow: model directory -> [`WeightStore`] (mmaps + a name index) -> `weights::loader`
 //! (checked, typed zero-copy views; the mapping outlives the store while a model uses it) -> `model`. Guarantees: every header is fully validated when the store
@@ -173,19 +174,51 @@ impl WeightStore {
     }
 
     fn open_index(dir: &Path, index: &Path) -> Result<Self> {
-        let ipath = index.display().to_string();
-        let text = std::fs::read_to_string(index).map_err(|e| io_err(index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| st_err(&ipath, format!("invalid JSON: {e}")))?;
+        let text = std::fs::read(index).map_err(|e| io_err(index, e))?;
+        Self::open_index_with(&index.display().to_string(), &text, |file| {
+            let p = dir.join(file);
+            if p.is_file() {
+                map_file(&p).map(Some)
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    /// Open a sharded checkpoint held in memory: the text of `model.safetensors.index.json`
+    /// and the shard files by name (tests, fuzzing, embedding hosts). Validated exactly like
+    /// [`WeightSource::Dir`] with an index.
+    pub fn open_index_bytes(index: &[u8], shards: Vec<(String, Vec<u8>)>) -> Result<Self> {
+        let mut shards: BTreeMap<String, Vec<u8>> = shards.into_iter().collect();
+        Self::open_index_with("<index bytes>", index, |file| {
+            Ok(shards.remove(file).map(|b| Shard {
+                path: format!("<bytes {file}>"),
+                backing: Arc::new(Backing::Bytes(b)),
+            }))
+        })
+    }
+
+    /// The shared body of both index paths: parse the index (`ipath` names it in errors), open
+    /// each shard it names once through `open_shard` (`Ok(None)`: no such file) and check that
+    /// every tensor the index places in a shard is stored there.
+    fn open_index_with(
+        ipath: &str,
+        text: &[u8],
+        mut open_shard: impl FnMut(&str) -> Result<Option<Shard>>,
+    ) -> Result<Self> {
+        let text = std::str::from_utf8(text)
+            .map_err(|e| st_err(ipath, format!("index is not UTF-8: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| st_err(ipath, format!("invalid JSON: {e}")))?;
         let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-            return Err(st_err(&ipath, "missing `weight_map` object"));
+            return Err(st_err(ipath, "missing `weight_map` object"));
         };
         // shard file name -> tensors the index places in it
         let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, file) in map {
             let Some(file) = file.as_str() else {
                 return Err(st_err(
-                    &ipath,
+                    ipath,
                     format!("weight_map[`{name}`] is not a file name"),
                 ));
             };
@@ -194,27 +227,26 @@ impl WeightStore {
                 && !Path::new(file).is_absolute();
             if !plain {
                 return Err(st_err(
-                    &ipath,
+                    ipath,
                     format!("weight_map[`{name}`] = {file:?} is not a plain file name"),
                 ));
             }
             by_shard.entry(file).or_default().push(name);
         }
         if by_shard.is_empty() {
-            return Err(st_err(&ipath, "`weight_map` is empty"));
+            return Err(st_err(ipath, "`weight_map` is empty"));
         }
         let mut s = Self::empty();
         for (file, names) in &by_shard {
-            let p = dir.join(file);
-            if !p.is_file() {
+            let Some(shard) = open_shard(file)? else {
                 return Err(st_err(
-                    &ipath,
+                    ipath,
                     format!("shard {file:?} named in weight_map does not exist"),
                 ));
-            }
+            };
             let shard_idx = s.shards.len();
-            let shard_path = p.display().to_string();
-            s.add_shard(map_file(&p)?)?;
+            let shard_path = shard.path.clone();
+            s.add_shard(shard)?;
             for n in names {
                 if s.tensors.get(*n).map(|e| e.shard) != Some(shard_idx) {
                     return Err(st_err(

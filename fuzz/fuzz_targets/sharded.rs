@@ -1,0 +1,10 @@
+//! libFuzzer target `sharded`: raw bytes -> `specmla::fuzzing::sharded` (see its module doc for
+//! what the bytes mean and what is checked). A typed error is a normal outcome; a panic is a
+//! crash.
+#![no_main]
+
+mod common;
+
+libfuzzer_sys::fuzz_target!(init: common::init(), |data: &[u8]| {
+    let _ = specmla::fuzzing::sharded(data);
+});
