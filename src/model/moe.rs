@@ -104,10 +104,21 @@ pub(super) fn route(
 
 /// Indices of the k largest values, largest first, ties to the lower index.
 fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
+    // NaN (a corrupted router weight or activation) ranks below every number: `partial_cmp`
+    // with NaN is no total order, and the standard sort panics on one (found by fuzzing).
+    // For numbers the order is unchanged.
+    let key = |i: usize| {
+        if v[i].is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            v[i]
+        }
+    };
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by(|&a, &b| {
-        v[b].partial_cmp(&v[a])
-            .unwrap_or(std::cmp::Ordering::Equal)
+        key(b)
+            .partial_cmp(&key(a))
+            .expect("no NaN keys")
             .then(a.cmp(&b))
     });
     idx.truncate(k);
