@@ -66,7 +66,15 @@ impl Tokenizer {
         let parsed = contain_panic("cannot parse tokenizer.json", || {
             tokenizers::Tokenizer::from_bytes(json).map(Self::from_inner)
         })?;
-        parsed.map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))
+        let tok =
+            parsed.map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer.json: {e}")))?;
+        // The crate's parser skips checks its builders make: a `TemplateProcessing`
+        // post-processor whose template names a special token it does not define loads, then
+        // panics on every encode with special tokens. One probe encode refuses such a file here.
+        contain_panic("tokenizer.json: post_processor", || {
+            let _ = tok.inner.encode("a", true);
+        })?;
+        Ok(tok)
     }
 
     /// Load `<dir>/tokenizer.json`; `Ok(None)` when the directory has no such file.
@@ -94,20 +102,23 @@ impl Tokenizer {
     /// Encode text into token ids. `add_special_tokens` applies the tokenizer's post-processor
     /// (e.g. a BOS token); special tokens written in the text (e.g. `<think>`) are always
     /// recognised as single ids.
+    /// A panic inside the `tokenizers` crate is [`Error::Tokenizer`] (see [`contain_panic`]).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("encode failed: {e}")))?;
+        let enc = contain_panic("encode failed", || {
+            self.inner.encode(text, add_special_tokens)
+        })?
+        .map_err(|e| Error::Tokenizer(format!("encode failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Decode token ids into text. An id outside the vocabulary is [`Error::UnknownToken`].
+    /// A panic inside the `tokenizers` crate is [`Error::Tokenizer`] (see [`contain_panic`]).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.check_ids(ids)?;
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("decode failed: {e}")))
+        contain_panic("decode failed", || {
+            self.inner.decode(ids, skip_special_tokens)
+        })?
+        .map_err(|e| Error::Tokenizer(format!("decode failed: {e}")))
     }
 
     /// Fail with [`Error::UnknownToken`] on the first id the vocabulary does not contain.
@@ -194,7 +205,9 @@ impl Tokenizer {
 /// through; found by the fuzzer, `fuzz/regressions/tokenizer/`). A tokenizer.json is outside
 /// input, so its parse runs here. The panic message is kept; the process's panic hook still
 /// prints it once, and a host built with `panic = "abort"` cannot contain it (hence the syntax
-/// check in `from_bytes`, which catches the common case before the crate sees it).
+/// check in `from_bytes`, which catches the common case before the crate sees it). Encoding can
+/// panic too (a `TemplateProcessing` post-processor naming an undefined special token, also
+/// fuzzer-found), so `encode` and `decode` run here as well.
 fn contain_panic<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
         let msg = p
@@ -335,6 +348,21 @@ mod tests {
         let err = Tokenizer::from_bytes(doc).unwrap_err();
         assert!(
             matches!(&err, Error::Tokenizer(m) if m.contains("panicked")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn template_naming_an_undefined_special_token_is_refused() {
+        let processor = r#""post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<think>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<typo>": {"id": "<think>", "ids": [4], "tokens": ["<think>"]}}}"#;
+        let doc = WORDLEVEL.replace("\"post_processor\": null", processor);
+        let err = Tokenizer::from_bytes(doc.as_bytes()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Tokenizer(m) if m.contains("post_processor")),
             "{err}"
         );
     }
