@@ -1,19 +1,23 @@
-//! Property tests of the latent KV cache: random operation sequences over several sequences
+//! Property tests of the paged KV cache with several cache groups (the MLA latent and an index-key
+//! group with its own layer count and dtype): random operation sequences over several sequences
 //! (grow + write + set_len, speculative rollback, truncate, free, match_prefix, register_prefix,
-//! reset_prefix_cache) keep the block-accounting invariants and the data every sequence reads.
+//! reset_prefix_cache) keep the block-accounting invariants and the data every sequence reads in
+//! every group.
 //!
 //! Model: a sequence's slot content is a pure function of (layer, its token prefix), as real KV
 //! is, so a block shared through the prefix cache must read back exactly what the sharer itself
 //! would have written. Values are small integers, exact in f32, bf16 and f16.
 
 use proptest::prelude::*;
-use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
+use specmla::kv::{KvCache, KvConfig, KvDtype, KvGroupSpec, KvKind, SeqKv};
 use specmla::Error;
 
 const LAYERS: usize = 2;
 const R: usize = 6; // kv_lora_rank
 const P: usize = 2; // rope_dim
 const W: usize = R + P;
+const IX_LAYERS: usize = 3; // index-key group: another layer count
+const D: usize = 5; // index_head_dim
 const BS: usize = 4;
 const NB: usize = 12;
 const SLOTS: usize = 4;
@@ -84,6 +88,14 @@ fn content(layer: usize, prefix: &[u32]) -> [f32; W] {
     out
 }
 
+/// Index-key content of `layer` for the last token of `prefix` (another hash than `content`).
+fn index_content(layer: usize, prefix: &[u32]) -> [f32; D] {
+    let c = content(layer + 100, prefix);
+    let mut out = [0f32; D];
+    out.copy_from_slice(&c[..D]);
+    out
+}
+
 struct Live {
     seq: SeqKv,
     /// Tokens of the sequence; `[0, seq.len())` are committed, the rest is the intended future.
@@ -96,7 +108,30 @@ fn write_range(c: &mut KvCache, l: &Live, start: usize, end: usize) {
             let v = content(layer, &l.toks[..=pos]);
             c.write_slot(layer, &l.seq, pos, &v[..R], &v[R..]);
         }
+        for layer in 0..IX_LAYERS {
+            let v = index_content(layer, &l.toks[..=pos]);
+            c.write_entry(1, layer, &l.seq, pos, &[&v]);
+        }
     }
+}
+
+/// Both groups of `a` and `b` over positions [0, n), equal.
+fn same_data(c: &KvCache, a: &SeqKv, b: &SeqKv, n: usize) -> Result<(), TestCaseError> {
+    for layer in 0..LAYERS {
+        let mut x = vec![0f32; n * W];
+        let mut y = vec![0f32; n * W];
+        c.read_range(layer, a, 0, n, &mut x);
+        c.read_range(layer, b, 0, n, &mut y);
+        prop_assert_eq!(x, y);
+    }
+    for layer in 0..IX_LAYERS {
+        let mut x = vec![0f32; n * D];
+        let mut y = vec![0f32; n * D];
+        c.read_group_range(1, layer, a, 0, n, &mut x);
+        c.read_group_range(1, layer, b, 0, n, &mut y);
+        prop_assert_eq!(x, y);
+    }
+    Ok(())
 }
 
 fn check_data(c: &KvCache, live: &[Option<Live>]) -> Result<(), TestCaseError> {
@@ -114,6 +149,36 @@ fn check_data(c: &KvCache, live: &[Option<Live>]) -> Result<(), TestCaseError> {
                     layer,
                     pos,
                     l.seq
+                );
+            }
+        }
+        for layer in 0..IX_LAYERS {
+            let mut out = vec![0f32; n * D]; // [len, index_head_dim]
+            c.read_group_range(1, layer, &l.seq, 0, n, &mut out);
+            for pos in 0..n {
+                let want = index_content(layer, &l.toks[..=pos]);
+                prop_assert_eq!(
+                    &out[pos * D..(pos + 1) * D],
+                    &want[..],
+                    "index layer {} pos {}",
+                    layer,
+                    pos
+                );
+            }
+            // gathered rows (the sparse attention path) read the same values
+            let picks: Vec<u32> = (0..n as u32)
+                .rev()
+                .step_by(2)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let mut g = vec![0f32; picks.len() * D];
+            c.read_rows(1, layer, &l.seq, &picks, &mut g);
+            for (i, &p) in picks.iter().enumerate() {
+                prop_assert_eq!(
+                    &g[i * D..(i + 1) * D],
+                    &out[p as usize * D..(p as usize + 1) * D]
                 );
             }
         }
@@ -143,16 +208,37 @@ fn check_all(c: &KvCache, live: &[Option<Live>]) -> Result<(), TestCaseError> {
     check_data(c, live)
 }
 
-fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(dtype: KvDtype, index_dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let cfg = KvConfig {
-        num_layers: LAYERS,
-        kv_lora_rank: R,
-        rope_dim: P,
         block_size: BS,
         num_blocks: NB,
-        dtype,
+        groups: vec![
+            KvGroupSpec {
+                kind: KvKind::MlaLatent {
+                    kv_lora_rank: R,
+                    rope_dim: P,
+                },
+                num_layers: LAYERS,
+                dtype,
+            },
+            KvGroupSpec {
+                kind: KvKind::IndexKey { head_dim: D },
+                num_layers: IX_LAYERS,
+                dtype: index_dtype,
+            },
+        ],
     };
     let mut c = KvCache::new(cfg).unwrap();
+    let st = c.stats();
+    prop_assert_eq!(st.groups.len(), 2);
+    prop_assert_eq!(
+        st.total_bytes,
+        NB * BS * (LAYERS * W * dtype.elem_bytes() + IX_LAYERS * D * index_dtype.elem_bytes())
+    );
+    prop_assert_eq!(
+        st.groups[0].total_bytes + st.groups[1].total_bytes,
+        st.total_bytes
+    );
     let mut live: Vec<Option<Live>> = (0..SLOTS).map(|_| None).collect();
     for op in ops {
         match op {
@@ -261,11 +347,7 @@ fn run(dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // unless a pre-existing equal prefix lives in other blocks: same data either way)
                 let mut probe = c.match_prefix(&l.toks[..upto], usize::MAX);
                 prop_assert_eq!(probe.len(), upto / BS * BS);
-                let mut a = vec![0f32; probe.len() * W];
-                let mut b = vec![0f32; probe.len() * W];
-                c.read_range(1, &probe, 0, probe.len(), &mut a);
-                c.read_range(1, &l.seq, 0, probe.len(), &mut b);
-                prop_assert_eq!(a, b);
+                same_data(&c, &probe, &l.seq, probe.len())?;
                 c.free(&mut probe);
             }
             Op::Reset { salt } => {
@@ -294,11 +376,12 @@ proptest! {
 
     #[test]
     fn random_ops_keep_invariants_f32(ops in prop::collection::vec(op(), 1..60)) {
-        run(KvDtype::F32, ops)?;
+        run(KvDtype::F32, KvDtype::F32, ops)?;
     }
 
     #[test]
     fn random_ops_keep_invariants_bf16_f16(ops in prop::collection::vec(op(), 1..40), half in any::<bool>()) {
-        run(if half { KvDtype::F16 } else { KvDtype::Bf16 }, ops)?;
+        let (latent, index) = if half { (KvDtype::F16, KvDtype::F32) } else { (KvDtype::Bf16, KvDtype::F16) };
+        run(latent, index, ops)?;
     }
 }

@@ -94,11 +94,8 @@ fn mtp_log_probs_match_the_torch_reference() {
         let out = model.forward_out(&mut kv, &[chunk], true).unwrap();
         assert_eq!(out.hidden.len(), n * c.hidden_size);
         // MTP over positions 0..n-2: token j+1 with hidden j.
-        let mut mkv = {
-            let mut kc = KvConfig::for_model(c, 16, 64, KvDtype::F32);
-            kc.num_layers = 1;
-            KvCache::new(kc).unwrap()
-        };
+        let mut mkv =
+            { KvCache::new(KvConfig::for_model(c, 16, 64, KvDtype::F32).with_layers(1)).unwrap() };
         let mut mseq = SeqKv::new();
         let plan = mkv.plan_grow(&mseq, n - 1).unwrap();
         mkv.commit_grow(&mut mseq, plan);

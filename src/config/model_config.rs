@@ -1,4 +1,4 @@
-//! The resolved model configuration: HF `config.json` of a DeepSeek-V2 / V3 checkpoint parsed into
+//! The resolved model configuration: HF `config.json` of a DeepSeek-V2 / V3 / V3.2 checkpoint parsed into
 //! one plain struct with every default applied.
 //!
 //! Data flow: `config.json` -> [`ModelConfig::from_file`] -> `weights` (which tensors to expect),
@@ -6,13 +6,14 @@
 //! `specmla info` summary.
 //! Guarantees: a returned config is internally consistent (all dimensions > 0, MoE routing valid,
 //! RoPE scaling understood); anything the engine cannot run exactly — another architecture, another
-//! activation, biases, V3.2's sparse indexer, non-fp8 quantisation — is refused with
+//! activation, biases, indexer fields under a non-V3.2 model_type, non-fp8 quantisation — is refused with
 //! `Error::Config { field, .. }` naming the JSON key, never silently ignored.
 
 use std::path::Path;
 
 use serde_json::{json, Value};
 
+use super::indexer::{self, IndexerConfig};
 use super::json::{as_usize, Obj};
 use super::moe::{parse_moe, MoeConfig};
 use super::rope_scaling::{parse_rope, yarn_get_mscale, YarnScaling};
@@ -23,6 +24,8 @@ use crate::error::{Error, Result};
 pub enum ModelType {
     DeepseekV2,
     DeepseekV3,
+    /// V3 plus DeepSeek Sparse Attention (the lightning indexer, [`IndexerConfig`]).
+    DeepseekV32,
 }
 
 impl ModelType {
@@ -30,7 +33,14 @@ impl ModelType {
         match self {
             ModelType::DeepseekV2 => "deepseek_v2",
             ModelType::DeepseekV3 => "deepseek_v3",
+            ModelType::DeepseekV32 => "deepseek_v32",
         }
+    }
+
+    /// V3 and V3.2: the V3 router semantics (sigmoid scores, `norm_topk_prob` also for k = 1)
+    /// and V3 defaults.
+    pub fn is_v3_family(self) -> bool {
+        matches!(self, ModelType::DeepseekV3 | ModelType::DeepseekV32)
     }
 }
 
@@ -71,23 +81,13 @@ pub struct ModelConfig {
     /// Number of multi-token-prediction layers stored after the decoder layers (V3: 1).
     pub num_nextn_predict_layers: usize,
     pub quantization: Option<Fp8Quant>,
+    /// V3.2's lightning indexer (sparse attention in every layer); `None` for V2 / V3.
+    pub indexer: Option<IndexerConfig>,
 }
 
-/// Keys that imply model features this engine does not implement.
-const REFUSED_KEYS: &[(&str, &str)] = &[
-    (
-        "index_n_heads",
-        "DeepSeek-V3.2 sparse-attention indexer is not supported",
-    ),
-    (
-        "index_head_dim",
-        "DeepSeek-V3.2 sparse-attention indexer is not supported",
-    ),
-    (
-        "index_topk",
-        "DeepSeek-V3.2 sparse-attention indexer is not supported",
-    ),
-];
+/// Keys of the V3.2 indexer: refused under `deepseek_v2` / `deepseek_v3` (running such a
+/// checkpoint as dense MLA would silently change its outputs).
+const INDEXER_KEYS: &[&str] = &["index_n_heads", "index_head_dim", "index_topk"];
 
 impl ModelConfig {
     /// Read and parse `config.json`. I/O failures -> `Error::Io`; content -> `Error::Config`.
@@ -113,17 +113,27 @@ impl ModelConfig {
         let model_type = match o.opt_str("model_type")? {
             Some("deepseek_v2") => ModelType::DeepseekV2,
             Some("deepseek_v3") => ModelType::DeepseekV3,
+            Some("deepseek_v32") => ModelType::DeepseekV32,
             Some(other) => {
                 return Err(o.err(
                     "model_type",
-                    format!("{other:?} is not supported (deepseek_v2 or deepseek_v3)"),
+                    format!(
+                        "{other:?} is not supported (deepseek_v2, deepseek_v3 or deepseek_v32)"
+                    ),
                 ))
             }
             None => return Err(o.err("model_type", "required field is missing")),
         };
-        for (key, why) in REFUSED_KEYS {
-            if o.has(key) {
-                return Err(o.err(key, *why));
+        let v32 = model_type == ModelType::DeepseekV32;
+        if !v32 {
+            if let Some(key) = INDEXER_KEYS.iter().find(|k| o.has(k)) {
+                return Err(o.err(
+                    key,
+                    format!(
+                        "a sparse-attention indexer field: model_type must be deepseek_v32, not {}",
+                        model_type.as_str()
+                    ),
+                ));
             }
         }
         if let Some(act) = o.opt_str("hidden_act")? {
@@ -156,6 +166,12 @@ impl ModelConfig {
         }
         let q_lora_rank = match o.opt_usize("q_lora_rank")? {
             Some(0) => return Err(o.err("q_lora_rank", "must be > 0 or null")),
+            None if v32 => {
+                return Err(o.err(
+                    "q_lora_rank",
+                    "deepseek_v32 needs the q-LoRA path (the indexer reads the q latent)",
+                ))
+            }
             r => r,
         };
         let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
@@ -181,6 +197,15 @@ impl ModelConfig {
             (None, None) => 0,
         };
         let all_layers = num_hidden_layers.saturating_add(num_nextn_predict_layers);
+        let (indexer, leading_dense) = if v32 {
+            indexer::check_layer_types(&o, num_hidden_layers)?;
+            (
+                Some(indexer::parse_indexer(&o, qk_rope_head_dim)?),
+                indexer::leading_dense_layers(&o, num_hidden_layers)?,
+            )
+        } else {
+            (None, None)
+        };
         let cfg = ModelConfig {
             model_type,
             vocab_size: o.req_dim("vocab_size")?,
@@ -196,13 +221,14 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             max_position_embeddings,
-            moe: parse_moe(&o, model_type, all_layers)?,
+            moe: parse_moe(&o, model_type, all_layers, leading_dense)?,
             rms_norm_eps: rms_norm_eps as f32,
             tie_word_embeddings: o.bool_or("tie_word_embeddings", false)?,
             bos_token_id: token_id(&o, "bos_token_id")?,
             eos_token_ids: eos_ids(&o)?,
             num_nextn_predict_layers,
             quantization: parse_quant(&o)?,
+            indexer,
         };
         check_bounds(&o, &cfg)?;
         Ok(cfg)
@@ -306,6 +332,11 @@ impl ModelConfig {
             "eos_token_ids": self.eos_token_ids,
             "num_nextn_predict_layers": self.num_nextn_predict_layers,
             "quantization": quantization,
+            "indexer": self.indexer.map(|i| json!({
+                "index_n_heads": i.n_heads,
+                "index_head_dim": i.head_dim,
+                "index_topk": i.topk,
+            })),
         })
     }
 }

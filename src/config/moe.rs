@@ -81,16 +81,28 @@ pub(crate) fn parse_moe(
     o: &Obj<'_>,
     model_type: ModelType,
     layers: usize,
+    leading_dense: Option<usize>,
 ) -> Result<Option<MoeConfig>> {
     let Some(n_routed_experts) = o.opt_usize("n_routed_experts")? else {
         return Ok(None);
     };
-    let v3 = model_type == ModelType::DeepseekV3;
-    let first_k_dense_replace = o.usize_or("first_k_dense_replace", if v3 { 3 } else { 0 })?;
+    let v3 = model_type.is_v3_family();
+    // V3.2 (transformers' DeepseekV32Config): `mlp_layer_types` when given, else
+    // first_k_dense_replace; moe_layer_freq, topk_method and scoring_func are not read (the
+    // router is always noaux_tc + sigmoid).
+    let v32 = model_type == ModelType::DeepseekV32;
+    let first_k_dense_replace = match leading_dense {
+        Some(d) => d,
+        None => o.usize_or("first_k_dense_replace", if v3 { 3 } else { 0 })?,
+    };
     if first_k_dense_replace >= layers {
         return Ok(None);
     }
-    let moe_layer_freq = o.usize_or("moe_layer_freq", 1)?;
+    let moe_layer_freq = if v32 {
+        1
+    } else {
+        o.usize_or("moe_layer_freq", 1)?
+    };
     if moe_layer_freq == 0 {
         return Err(o.err("moe_layer_freq", "must be > 0"));
     }
@@ -145,6 +157,7 @@ pub(crate) fn parse_moe(
         ));
     }
     let topk_method = match o.opt_str("topk_method")? {
+        _ if v32 => TopkMethod::NoauxTc,
         None => {
             if v3 {
                 TopkMethod::NoauxTc
@@ -158,6 +171,7 @@ pub(crate) fn parse_moe(
         Some(other) => return Err(o.err("topk_method", format!("{other:?} is not supported"))),
     };
     let scoring_func = match o.opt_str("scoring_func")? {
+        _ if v32 => ScoringFunc::Sigmoid,
         None => {
             if v3 {
                 ScoringFunc::Sigmoid

@@ -49,6 +49,9 @@ pub struct EngineConfig {
     pub kv_dtype: KvDtype,
     /// Draft KV cache dtype (None = same as the target's).
     pub draft_kv_dtype: Option<KvDtype>,
+    /// Dtype of a V3.2 target's index-key cache group (None = same as `kv_dtype`); fp8 and
+    /// bf16 keys are Hadamard-rotated before they are rounded.
+    pub index_kv_dtype: Option<KvDtype>,
     /// Tokens per KV block.
     pub block_size: usize,
     /// Target KV pool size in blocks.
@@ -74,6 +77,7 @@ impl Default for EngineConfig {
             threads: 0,
             kv_dtype: KvDtype::F32,
             draft_kv_dtype: None,
+            index_kv_dtype: None,
             block_size: 16,
             num_blocks: 2048,
             draft_num_blocks: 2048,
@@ -235,12 +239,10 @@ impl Engine {
             ));
         }
         let c = &model.config;
-        let kv = KvCache::new(KvConfig::for_model(
-            c,
-            cfg.block_size,
-            cfg.num_blocks,
-            cfg.kv_dtype,
-        ))?;
+        let kv = KvCache::new(
+            KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype)
+                .with_index_dtype(cfg.index_kv_dtype.unwrap_or(cfg.kv_dtype)),
+        )?;
         let special = |name: &str| {
             tokenizer
                 .as_ref()
@@ -510,7 +512,6 @@ impl Engine {
         }
         let kv = core.kv.stats();
         let draft_kv = core.proposer.as_ref().and_then(|p| p.kv_stats());
-        let layers = core.model.config.num_hidden_layers;
         EngineStats {
             steps: core.steps,
             running: core.running.len(),
@@ -520,7 +521,7 @@ impl Engine {
             time_target_forward_s: core.time_target_s,
             time_draft_s: core.time_draft_s,
             target_weight_bytes: core.target_weight_bytes,
-            target_kv_bytes_per_token: kv.bytes_per_token_per_layer * layers,
+            target_kv_bytes_per_token: kv.bytes_per_token,
             draft_kv_bytes_per_token: core.proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token()),
             kv,
             draft_kv,

@@ -386,6 +386,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         threads: p.threads as usize,
         kv_dtype: kv,
         draft_kv_dtype: Some(draft_kv),
+        index_kv_dtype: None,
         block_size: p.block_size as usize,
         num_blocks: p.kv_num_blocks as usize,
         draft_num_blocks: p.draft_kv_num_blocks as usize,

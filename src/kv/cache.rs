@@ -1,8 +1,8 @@
-//! `KvCache`: the latent paged KV cache of one model (target or draft), with prefix caching.
+//! `KvCache`: the paged KV cache of one model (target or draft), with prefix caching.
 //!
 //! Where it sits: the scheduler plans and commits block growth per sequence (plan-then-commit),
-//! `model::forward` writes one `[c_kv | k_pe]` slot per new token per layer and reads runs of slots
-//! for absorbed-MLA attention, the spec-decode driver truncates rejected drafts, and finished
+//! `model::forward` writes one entry per new token per layer in every group (the MLA latent
+//! `[c_kv | k_pe]`; V3.2's index key) and reads runs of entries for attention and the indexer, the spec-decode driver truncates rejected drafts, and finished
 //! sequences are freed (their registered prompt blocks stay cached, evictable in LRU order).
 //!
 //! Guarantees:
@@ -13,53 +13,19 @@
 //! - A sequence's blocks at index >= `len / block_size` are private (refcount 1, not cached);
 //!   shared blocks are full and below every sharer's `len`, so no API user can write them
 //!   (`write_slot` asserts it). Truncating into a shared block copies it first (copy-on-write).
-//! - Several caches can coexist (no globals); each has its own dtype.
+//! - Several caches can coexist (no globals); each group of each cache has its own dtype.
+//! - Groups share blocks: position p of a sequence lives in block `blocks[p / block_size]` in
+//!   every group, so growth, truncation (with copy-on-write), prefix hits and freeing move all
+//!   groups together, and a prefix hit restores every group's entries.
 //! - Deterministic: the same operations produce the same block ids and stored bytes.
 
 use super::block_allocator::BlockAllocator;
-use super::dtype::{self, KvDtype};
+use super::dtype::KvDtype;
 use super::pool::KvPool;
 use super::prefix_cache::{Parent, PrefixCache};
 use super::seq::{KvPlan, SeqKv};
-use crate::config::ModelConfig;
+use super::spec::{KvConfig, KvGroupSpec, KvKind};
 use crate::error::{Error, Result};
-
-/// Geometry and dtype of one latent cache.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KvConfig {
-    /// Transformer layers with a latent cache.
-    pub num_layers: usize,
-    /// c_kv width (DeepSeek `kv_lora_rank`).
-    pub kv_lora_rank: usize,
-    /// k_pe width (DeepSeek `qk_rope_head_dim`).
-    pub rope_dim: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Blocks in the pool.
-    pub num_blocks: usize,
-    /// Stored element type.
-    pub dtype: KvDtype,
-}
-
-impl KvConfig {
-    /// The latent cache geometry of a model: one layer per transformer layer, `[c_kv | k_pe]`
-    /// of width kv_lora_rank + qk_rope_head_dim per token.
-    pub fn for_model(
-        model: &ModelConfig,
-        block_size: usize,
-        num_blocks: usize,
-        dtype: KvDtype,
-    ) -> Self {
-        KvConfig {
-            num_layers: model.num_hidden_layers,
-            kv_lora_rank: model.kv_lora_rank,
-            rope_dim: model.qk_rope_head_dim,
-            block_size,
-            num_blocks,
-            dtype,
-        }
-    }
-}
 
 /// Occupancy and prefix-cache counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,19 +42,41 @@ pub struct KvStats {
     pub prefix_query_tokens: u64,
     /// Cached blocks evicted to satisfy allocations.
     pub evictions: u64,
+    /// The MLA latent's bytes per token per layer.
     pub bytes_per_token_per_layer: usize,
-    /// Storage of the whole pool: bytes_per_token_per_layer * num_layers * num_blocks * block_size.
+    /// Bytes per token over every group and layer.
+    pub bytes_per_token: usize,
+    /// Storage of the whole pool: bytes_per_token * num_blocks * block_size.
+    pub total_bytes: usize,
+    /// Byte accounting per group, in group order.
+    pub groups: Vec<KvGroupStats>,
+}
+
+/// One group's share of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvGroupStats {
+    /// `mla_latent`, `index_key`.
+    pub kind: &'static str,
+    pub dtype: KvDtype,
+    pub num_layers: usize,
+    /// Values per entry (one token, one layer).
+    pub width: usize,
+    /// Stored bytes per entry (scales included).
+    pub bytes_per_token_per_layer: usize,
+    /// bytes_per_token_per_layer * num_layers.
+    pub bytes_per_token: usize,
+    /// This group's storage in the pool: bytes_per_token * num_blocks * block_size.
     pub total_bytes: usize,
 }
 
-/// The latent paged KV cache.
+/// The paged KV cache: one storage pool per group, one block allocator and prefix cache.
 #[derive(Debug)]
 pub struct KvCache {
     cfg: KvConfig,
-    pool: KvPool,
+    /// One pool per group (`cfg.groups` order).
+    pools: Vec<KvPool>,
     alloc: BlockAllocator,
     pub(super) prefix: PrefixCache,
-    slot_bytes: usize,
     total_bytes: usize,
     prefix_hit_tokens: u64,
     prefix_query_tokens: u64,
@@ -101,12 +89,36 @@ fn nonzero(field: &str, v: usize) -> Result<()> {
     Ok(())
 }
 
+fn check_group(i: usize, g: &KvGroupSpec) -> Result<()> {
+    nonzero("num_layers", g.num_layers)?;
+    match (i, g.kind) {
+        (0, KvKind::MlaLatent { kv_lora_rank, .. }) => nonzero("kv_lora_rank", kv_lora_rank),
+        (0, _) => Err(Error::config("groups", "group 0 must be the MLA latent")),
+        (_, KvKind::MlaLatent { .. }) => Err(Error::config(
+            "groups",
+            "only one MLA latent group per cache",
+        )),
+        (_, KvKind::IndexKey { head_dim }) => nonzero("index_head_dim", head_dim),
+    }
+}
+
 impl KvCache {
-    /// Allocate the pool (zero-filled, committed lazily by the OS). Errors on zero sizes, more
-    /// than u32::MAX blocks, or a pool whose byte size overflows.
+    /// The MLA latent group (always group 0).
+    pub const LATENT: usize = 0;
+
+    /// Allocate the pools (zero-filled, committed lazily by the OS). Errors on zero sizes, a
+    /// group list that does not start with the MLA latent, more than u32::MAX blocks, or a pool
+    /// whose byte size overflows.
     pub fn new(cfg: KvConfig) -> Result<Self> {
-        nonzero("num_layers", cfg.num_layers)?;
-        nonzero("kv_lora_rank", cfg.kv_lora_rank)?;
+        if cfg.groups.is_empty() {
+            return Err(Error::config(
+                "groups",
+                "a cache needs the MLA latent group",
+            ));
+        }
+        for (i, g) in cfg.groups.iter().enumerate() {
+            check_group(i, g)?;
+        }
         nonzero("block_size", cfg.block_size)?;
         nonzero("num_blocks", cfg.num_blocks)?;
         if cfg.num_blocks > u32::MAX as usize {
@@ -115,11 +127,15 @@ impl KvCache {
                 format!("{} exceeds {}", cfg.num_blocks, u32::MAX),
             ));
         }
-        let slot_bytes = dtype::slot_bytes(cfg.dtype, cfg.kv_lora_rank, cfg.rope_dim);
+        let per_token = cfg.groups.iter().try_fold(0usize, |acc, g| {
+            g.entry_bytes()
+                .checked_mul(g.num_layers)
+                .and_then(|b| acc.checked_add(b))
+        });
         let n_slots = cfg.num_blocks.checked_mul(cfg.block_size);
         let total = n_slots
-            .and_then(|n| n.checked_mul(slot_bytes))
-            .and_then(|n| n.checked_mul(cfg.num_layers))
+            .zip(per_token)
+            .and_then(|(n, b)| n.checked_mul(b))
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or_else(|| {
                 Error::config(
@@ -150,16 +166,9 @@ impl KvCache {
         }
         let n_slots = cfg.num_blocks * cfg.block_size;
         Ok(KvCache {
-            pool: KvPool::new(
-                cfg.dtype,
-                cfg.num_layers,
-                n_slots,
-                cfg.kv_lora_rank,
-                cfg.rope_dim,
-            ),
+            pools: cfg.groups.iter().map(|g| KvPool::new(g, n_slots)).collect(),
             alloc: BlockAllocator::new(cfg.num_blocks),
             prefix: PrefixCache::new(cfg.num_blocks, cfg.block_size),
-            slot_bytes,
             total_bytes: total,
             prefix_hit_tokens: 0,
             prefix_query_tokens: 0,
@@ -171,10 +180,21 @@ impl KvCache {
         &self.cfg
     }
 
-    /// `(kv_lora_rank + rope_dim) * dtype bytes`, plus for fp8 one f32 scale per group of up to
-    /// 128 values, c_kv and k_pe grouped separately (DeepSeek-V3: 512 + 64 + 4 * 5 = 596).
+    /// The latent's `(kv_lora_rank + rope_dim) * dtype bytes`, plus for fp8 one f32 scale per
+    /// group of up to 128 values, c_kv and k_pe grouped separately (DeepSeek-V3: 512 + 64 + 4 * 5
+    /// = 596).
     pub fn bytes_per_token_per_layer(&self) -> usize {
-        self.slot_bytes
+        self.cfg.latent().entry_bytes()
+    }
+
+    /// Bytes one token occupies over every group and layer (V3.2: latent + index keys).
+    pub fn bytes_per_token(&self) -> usize {
+        self.cfg.bytes_per_token()
+    }
+
+    /// The group holding `kind` (`"mla_latent"`, `"index_key"`), if this cache has one.
+    pub fn group_of(&self, kind: &str) -> Option<usize> {
+        self.cfg.group_of(kind)
     }
 
     /// Blocks a sequence of `tokens` tokens needs.
@@ -269,8 +289,9 @@ impl KvCache {
         if self.alloc.refcount(b) > 1 {
             match self.take_block() {
                 Some(nb) => {
-                    self.pool
-                        .copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                    for pool in &mut self.pools {
+                        pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                    }
                     self.release(b);
                     seq.blocks[idx] = nb;
                 }
@@ -291,7 +312,7 @@ impl KvCache {
         seq.len = 0;
     }
 
-    /// Quantise and write one slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`,
+    /// Quantise and write one latent slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`,
     /// `pos` < reserved capacity, and the slot's block must be private to `seq`.
     pub fn write_slot(
         &mut self,
@@ -301,50 +322,112 @@ impl KvCache {
         c_kv: &[f32],
         k_pe: &[f32],
     ) {
+        self.write_entry(Self::LATENT, layer, seq, pos, &[c_kv, k_pe]);
+    }
+
+    /// Quantise and write one entry of `group` given as its parts (`parts[i]: [width of part
+    /// i]`, see `KvKind::parts`); same rules as [`KvCache::write_slot`].
+    pub fn write_entry(
+        &mut self,
+        group: usize,
+        layer: usize,
+        seq: &SeqKv,
+        pos: usize,
+        parts: &[&[f32]],
+    ) {
         let bs = self.cfg.block_size;
-        assert!(
-            layer < self.cfg.num_layers,
-            "kv: layer {layer} out of range"
-        );
+        let g = &self.cfg.groups[group];
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
         assert!(
             pos < self.capacity(seq),
             "kv: write at {pos} beyond capacity {}",
             self.capacity(seq)
         );
-        assert_eq!(c_kv.len(), self.cfg.kv_lora_rank, "kv: c_kv width");
-        assert_eq!(k_pe.len(), self.cfg.rope_dim, "kv: k_pe width");
+        let widths = g.kind.parts();
+        assert!(
+            parts.len() == widths.len() && parts.iter().zip(&widths).all(|(p, &w)| p.len() == w),
+            "kv: entry parts do not match the {} layout",
+            g.kind.name()
+        );
         let b = seq.blocks[pos / bs];
         assert!(
             self.alloc.refcount(b) == 1 && !self.prefix.is_cached(b),
             "kv: write to shared or prefix-cached block {b} (pos {pos}, len {})",
             seq.len
         );
-        self.pool
-            .write_slot(layer, b as usize * bs + pos % bs, c_kv, k_pe);
+        self.pools[group].write_entry(layer, b as usize * bs + pos % bs, parts);
     }
 
-    /// Read slots `[start, end)` of `seq` (end <= reserved capacity), dequantised into
+    /// Read latent slots `[start, end)` of `seq` (end <= reserved capacity), dequantised into
     /// `out: [end - start, kv_lora_rank + rope_dim]`. One contiguous copy/convert per block.
     pub fn read_range(&self, layer: usize, seq: &SeqKv, start: usize, end: usize, out: &mut [f32]) {
+        self.read_group_range(Self::LATENT, layer, seq, start, end, out);
+    }
+
+    /// Read entries `[start, end)` of `group` for `seq`, dequantised into `out: [end - start,
+    /// width]`. One contiguous copy/convert per block.
+    pub fn read_group_range(
+        &self,
+        group: usize,
+        layer: usize,
+        seq: &SeqKv,
+        start: usize,
+        end: usize,
+        out: &mut [f32],
+    ) {
         let bs = self.cfg.block_size;
-        let w = self.cfg.kv_lora_rank + self.cfg.rope_dim;
-        assert!(
-            layer < self.cfg.num_layers,
-            "kv: layer {layer} out of range"
-        );
+        let g = &self.cfg.groups[group];
+        let w = g.kind.width();
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
         assert!(
             start <= end && end <= self.capacity(seq),
             "kv: read [{start}, {end}) beyond capacity"
         );
         assert_eq!(out.len(), (end - start) * w, "kv: read_range out length");
+        let pool = &self.pools[group];
         let mut pos = start;
         while pos < end {
             let (bi, off) = (pos / bs, pos % bs);
             let n = (bs - off).min(end - pos);
             let slot = seq.blocks[bi] as usize * bs + off;
             let o = (pos - start) * w;
-            self.pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, kv_lora_rank + rope_dim]
+            pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, width]
             pos += n;
+        }
+    }
+
+    /// Gather the entries of `group` at `positions` (each < reserved capacity) of `seq`,
+    /// dequantised into `out: [positions.len(), width]` in the given order; runs of consecutive
+    /// positions inside one block are read with one copy/convert. Each entry decodes to the same
+    /// bits as through [`KvCache::read_group_range`].
+    pub fn read_rows(
+        &self,
+        group: usize,
+        layer: usize,
+        seq: &SeqKv,
+        positions: &[u32],
+        out: &mut [f32],
+    ) {
+        let bs = self.cfg.block_size;
+        let g = &self.cfg.groups[group];
+        let w = g.kind.width();
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
+        assert_eq!(out.len(), positions.len() * w, "kv: read_rows out length");
+        let cap = self.capacity(seq);
+        let pool = &self.pools[group];
+        let mut i = 0;
+        while i < positions.len() {
+            let p = positions[i] as usize;
+            assert!(p < cap, "kv: read at {p} beyond capacity {cap}");
+            let (bi, off) = (p / bs, p % bs);
+            // extend the run while positions stay consecutive inside the block
+            let mut n = 1;
+            while i + n < positions.len() && positions[i + n] as usize == p + n && off + n < bs {
+                n += 1;
+            }
+            let slot = seq.blocks[bi] as usize * bs + off;
+            pool.read_slots(layer, slot, n, &mut out[i * w..(i + n) * w]); // [n, width]
+            i += n;
         }
     }
 
@@ -416,8 +499,23 @@ impl KvCache {
             prefix_hit_tokens: self.prefix_hit_tokens,
             prefix_query_tokens: self.prefix_query_tokens,
             evictions: self.alloc.evictions,
-            bytes_per_token_per_layer: self.slot_bytes,
+            bytes_per_token_per_layer: self.bytes_per_token_per_layer(),
+            bytes_per_token: self.bytes_per_token(),
             total_bytes: self.total_bytes,
+            groups: self
+                .cfg
+                .groups
+                .iter()
+                .map(|g| KvGroupStats {
+                    kind: g.kind.name(),
+                    dtype: g.dtype,
+                    num_layers: g.num_layers,
+                    width: g.kind.width(),
+                    bytes_per_token_per_layer: g.entry_bytes(),
+                    bytes_per_token: g.bytes_per_token(),
+                    total_bytes: g.bytes_per_token() * self.cfg.num_blocks * self.cfg.block_size,
+                })
+                .collect(),
         }
     }
 

@@ -1,58 +1,58 @@
-//! Block storage of the latent KV cache: one contiguous buffer per layer, laid out
-//! `[num_blocks, block_size, slot]`, where a slot is exactly `[c_kv | k_pe]` in the cache dtype
-//! (plus the fp8 group scales, see `dtype`).
+//! Block storage of one KV cache group: one contiguous buffer per layer, laid out
+//! `[num_blocks, block_size, entry]`, where an entry is the group's parts (MLA latent:
+//! `[c_kv | k_pe]`; V3.2 index key: `[key]`) in the group's dtype (plus the fp8 scales, see
+//! `dtype`).
 //!
 //! Where it sits: below `KvCache`, which maps (sequence, position) to a global slot index
-//! `block * block_size + offset`; this file only knows slot indices. `write_slot` quantises one
-//! slot; `read_slots` dequantises a run of consecutive slots (always inside one block) into f32.
+//! `block * block_size + offset` shared by every group; this file only knows slot indices.
+//! `write_entry` quantises one entry; `read_slots` dequantises a run of consecutive slots (always
+//! inside one block) into f32.
 //!
 //! Guarantees: storage is typed per dtype (f32 / u16 bits / bytes) so the hot read path is a plain
 //! copy (f32), a shift (bf16), `half`'s bulk conversion (f16) or a table lookup times a scale
 //! (fp8); no `unsafe`. Fresh storage is zero-filled (reads of never-written slots give 0.0).
 
 use super::dtype::{self, fp8_groups, KvDtype};
+use super::spec::KvGroupSpec;
 
-/// One layer's buffer, `[num_blocks * block_size, slot]` in the cache dtype.
+/// One layer's buffer, `[num_blocks * block_size, entry]` in the group's dtype.
 #[derive(Debug)]
 enum LayerBuf {
-    /// `[n_slots, kv_lora_rank + rope_dim]` f32 values.
+    /// `[n_slots, width]` f32 values.
     F32(Vec<f32>),
-    /// `[n_slots, kv_lora_rank + rope_dim]` bf16 bits.
+    /// `[n_slots, width]` bf16 bits.
     Bf16(Vec<u16>),
-    /// `[n_slots, kv_lora_rank + rope_dim]` f16 bits.
+    /// `[n_slots, width]` f16 bits.
     F16(Vec<u16>),
-    /// `[n_slots, slot_bytes]` fp8 bytes: `[c_kv e4m3 | k_pe e4m3 | scales f32 LE]`.
+    /// `[n_slots, entry_bytes]` fp8 bytes: `[part 0 e4m3 | part 1 e4m3 | .. | scales f32 LE]`.
     Fp8(Vec<u8>),
 }
 
-/// All layers' storage of one cache.
+/// All layers' storage of one cache group.
 #[derive(Debug)]
 pub(crate) struct KvPool {
     layers: Vec<LayerBuf>,
-    kv_lora_rank: usize,
-    rope_dim: usize,
+    /// Part widths in storage order (fp8 scales are grouped per part).
+    parts: Vec<usize>,
+    /// Values per entry.
+    width: usize,
     /// Stored units per slot: values for f32/bf16/f16, bytes for fp8.
     slot_units: usize,
 }
 
 impl KvPool {
-    /// Zero-filled storage for `n_slots` slots in each of `num_layers` layers. The caller has
+    /// Zero-filled storage for `n_slots` entries in each of the group's layers. The caller has
     /// checked that the sizes do not overflow.
-    pub(crate) fn new(
-        dtype: KvDtype,
-        num_layers: usize,
-        n_slots: usize,
-        kv_lora_rank: usize,
-        rope_dim: usize,
-    ) -> Self {
-        let width = kv_lora_rank + rope_dim;
-        let slot_units = match dtype {
-            KvDtype::Fp8E4M3 => dtype::slot_bytes(dtype, kv_lora_rank, rope_dim),
+    pub(crate) fn new(group: &KvGroupSpec, n_slots: usize) -> Self {
+        let parts = group.kind.parts();
+        let width = group.kind.width();
+        let slot_units = match group.dtype {
+            KvDtype::Fp8E4M3 => group.entry_bytes(),
             _ => width,
         };
         let n = n_slots * slot_units;
-        let layers = (0..num_layers)
-            .map(|_| match dtype {
+        let layers = (0..group.num_layers)
+            .map(|_| match group.dtype {
                 // vec![0; n] uses a zeroed allocation: pages are committed lazily on first write.
                 KvDtype::F32 => LayerBuf::F32(vec![0.0; n]),
                 KvDtype::Bf16 => LayerBuf::Bf16(vec![0; n]),
@@ -62,70 +62,92 @@ impl KvPool {
             .collect();
         KvPool {
             layers,
-            kv_lora_rank,
-            rope_dim,
+            parts,
+            width,
             slot_units,
         }
     }
 
-    /// Quantise and store one slot. `c_kv: [kv_lora_rank]`, `k_pe: [rope_dim]`.
-    pub(crate) fn write_slot(&mut self, layer: usize, slot: usize, c_kv: &[f32], k_pe: &[f32]) {
-        let (r, p, u) = (self.kv_lora_rank, self.rope_dim, self.slot_units);
+    /// Quantise and store one entry, given as its parts (`parts[i]: [part width i]`).
+    pub(crate) fn write_entry(&mut self, layer: usize, slot: usize, parts: &[&[f32]]) {
+        debug_assert_eq!(parts.len(), self.parts.len());
+        let u = self.slot_units;
         let base = slot * u;
         match &mut self.layers[layer] {
             LayerBuf::F32(b) => {
-                let s = &mut b[base..base + u]; // [kv_lora_rank + rope_dim]
-                s[..r].copy_from_slice(c_kv);
-                s[r..].copy_from_slice(k_pe);
+                let mut o = base;
+                for p in parts {
+                    b[o..o + p.len()].copy_from_slice(p);
+                    o += p.len();
+                }
             }
             LayerBuf::Bf16(b) => {
-                let s = &mut b[base..base + u];
-                dtype::encode_bf16(c_kv, &mut s[..r]);
-                dtype::encode_bf16(k_pe, &mut s[r..]);
+                let mut o = base;
+                for p in parts {
+                    dtype::encode_bf16(p, &mut b[o..o + p.len()]);
+                    o += p.len();
+                }
             }
             LayerBuf::F16(b) => {
-                let s = &mut b[base..base + u];
-                dtype::encode_f16(c_kv, &mut s[..r]);
-                dtype::encode_f16(k_pe, &mut s[r..]);
+                let mut o = base;
+                for p in parts {
+                    dtype::encode_f16(p, &mut b[o..o + p.len()]);
+                    o += p.len();
+                }
             }
             LayerBuf::Fp8(b) => {
-                let s = &mut b[base..base + u]; // [slot_bytes]
-                let (gc, gp) = (fp8_groups(r), fp8_groups(p));
+                let s = &mut b[base..base + u]; // [entry_bytes]
+                let (vals, sc_bytes) = s.split_at_mut(self.width);
+                let (mut o, mut g) = (0, 0);
                 let mut stack = [0f32; 16];
                 let mut heap = Vec::new();
-                let scales = scratch(&mut stack, &mut heap, gc + gp); // [n_groups]
-                let (vals, sc_bytes) = s.split_at_mut(r + p);
-                dtype::encode_fp8(c_kv, &mut vals[..r], &mut scales[..gc]);
-                dtype::encode_fp8(k_pe, &mut vals[r..], &mut scales[gc..]);
-                for (d, v) in sc_bytes.chunks_exact_mut(4).zip(scales.iter()) {
-                    d.copy_from_slice(&v.to_le_bytes());
+                for p in parts {
+                    let ng = fp8_groups(p.len());
+                    let scales = scratch(&mut stack, &mut heap, ng); // [n_groups of this part]
+                    dtype::encode_fp8(p, &mut vals[o..o + p.len()], scales);
+                    for (d, v) in sc_bytes[4 * g..4 * (g + ng)]
+                        .chunks_exact_mut(4)
+                        .zip(scales.iter())
+                    {
+                        d.copy_from_slice(&v.to_le_bytes());
+                    }
+                    o += p.len();
+                    g += ng;
                 }
             }
         }
     }
 
-    /// Dequantise `n` consecutive slots starting at `slot` into `out: [n, kv_lora_rank + rope_dim]`.
+    /// Dequantise `n` consecutive slots starting at `slot` into `out: [n, width]`.
     #[inline]
     pub(crate) fn read_slots(&self, layer: usize, slot: usize, n: usize, out: &mut [f32]) {
-        let (r, p, u) = (self.kv_lora_rank, self.rope_dim, self.slot_units);
-        let w = r + p;
+        let (w, u) = (self.width, self.slot_units);
         debug_assert_eq!(out.len(), n * w);
         match &self.layers[layer] {
             LayerBuf::F32(b) => out.copy_from_slice(&b[slot * u..(slot + n) * u]),
             LayerBuf::Bf16(b) => dtype::decode_bf16(&b[slot * u..(slot + n) * u], out),
             LayerBuf::F16(b) => dtype::decode_f16(&b[slot * u..(slot + n) * u], out),
             LayerBuf::Fp8(b) => {
-                let (gc, gp) = (fp8_groups(r), fp8_groups(p));
+                let ng: usize = self.parts.iter().map(|&p| fp8_groups(p)).sum();
                 let mut stack = [0f32; 16];
                 let mut heap = Vec::new();
-                let scales = scratch(&mut stack, &mut heap, gc + gp); // [n_groups]
-                let src = &b[slot * u..(slot + n) * u]; // [n, slot_bytes]
+                let scales = scratch(&mut stack, &mut heap, ng); // [n_groups]
+                let src = &b[slot * u..(slot + n) * u]; // [n, entry_bytes]
                 for (s, o) in src.chunks_exact(u).zip(out.chunks_exact_mut(w)) {
                     for (v, c) in scales.iter_mut().zip(s[w..].chunks_exact(4)) {
                         *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
-                    dtype::decode_fp8(&s[..r], &scales[..gc], &mut o[..r]);
-                    dtype::decode_fp8(&s[r..w], &scales[gc..], &mut o[r..]);
+                    let (mut off, mut g) = (0, 0);
+                    for &p in &self.parts {
+                        let ng = fp8_groups(p);
+                        dtype::decode_fp8(
+                            &s[off..off + p],
+                            &scales[g..g + ng],
+                            &mut o[off..off + p],
+                        );
+                        off += p;
+                        g += ng;
+                    }
                 }
             }
         }
@@ -164,10 +186,18 @@ mod tests {
     fn write_read_each_dtype() {
         for d in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
             let (r, p) = (200, 24); // two c_kv groups for fp8
-            let mut pool = KvPool::new(d, 2, 8, r, p);
+            let g = KvGroupSpec {
+                kind: crate::kv::KvKind::MlaLatent {
+                    kv_lora_rank: r,
+                    rope_dim: p,
+                },
+                num_layers: 2,
+                dtype: d,
+            };
+            let mut pool = KvPool::new(&g, 8);
             let c: Vec<f32> = (0..r).map(|i| (i as f32 - 100.0) / 64.0).collect(); // [kv_lora_rank]
             let k: Vec<f32> = (0..p).map(|i| i as f32 * 0.25).collect(); // [rope_dim]
-            pool.write_slot(1, 5, &c, &k);
+            pool.write_entry(1, 5, &[&c, &k]);
             let mut out = vec![0f32; 2 * (r + p)]; // [2, kv_lora_rank + rope_dim]
             pool.read_slots(1, 4, 2, &mut out);
             assert!(

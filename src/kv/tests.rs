@@ -4,14 +4,7 @@ use super::*;
 use crate::error::Error;
 
 fn cfg(dtype: KvDtype, num_blocks: usize) -> KvConfig {
-    KvConfig {
-        num_layers: 2,
-        kv_lora_rank: 8,
-        rope_dim: 4,
-        block_size: 4,
-        num_blocks,
-        dtype,
-    }
+    KvConfig::latent_only(2, 8, 4, 4, num_blocks, dtype)
 }
 
 /// Deterministic slot content for (layer, tag, pos): `c_kv: [8]`, `k_pe: [4]`.
@@ -70,14 +63,7 @@ fn bytes_per_token_per_layer_each_dtype() {
         assert_eq!(c.bytes_per_token_per_layer(), want, "{d:?}");
         assert_eq!(c.stats().total_bytes, want * 2 * 4 * 4);
     }
-    let v3 = KvConfig {
-        num_layers: 61,
-        kv_lora_rank: 512,
-        rope_dim: 64,
-        block_size: 64,
-        num_blocks: 1,
-        dtype: KvDtype::Fp8E4M3,
-    };
+    let v3 = KvConfig::latent_only(61, 512, 64, 64, 1, KvDtype::Fp8E4M3);
     assert_eq!(
         KvCache::new(v3).unwrap().bytes_per_token_per_layer(),
         512 + 64 + 4 * 5
@@ -389,14 +375,7 @@ fn read_range_throughput() {
     }
     let tokens = 4096;
     for d in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
-        let cfg = KvConfig {
-            num_layers: 1,
-            kv_lora_rank: 512,
-            rope_dim: 64,
-            block_size: 64,
-            num_blocks: 64,
-            dtype: d,
-        };
+        let cfg = KvConfig::latent_only(1, 512, 64, 64, 64, d);
         let mut c = KvCache::new(cfg).unwrap();
         let mut s = SeqKv::new();
         grow(&mut c, &mut s, tokens);
@@ -431,14 +410,7 @@ fn read_range_throughput() {
 #[test]
 fn a_pool_larger_than_the_machine_is_refused_not_aborted() {
     // 2^32 - 1 blocks of 16 tokens x 576 f32 x 61 layers: ~9 PB.
-    let huge = KvConfig {
-        num_layers: 61,
-        kv_lora_rank: 512,
-        rope_dim: 64,
-        block_size: 16,
-        num_blocks: u32::MAX as usize,
-        dtype: KvDtype::F32,
-    };
+    let huge = KvConfig::latent_only(61, 512, 64, 16, u32::MAX as usize, KvDtype::F32);
     let err = KvCache::new(huge).err().expect("refused");
     assert!(err.to_string().contains("num_blocks"), "{err}");
 }

@@ -10,6 +10,14 @@
 //!   softmax(scale (q_nope.k_nope + q_pe.k_pe)) v.
 //! - absorbed (generated tokens): q_lat^h = W_UK^h^T q_nope^h; per head softmax(scale (q_lat.c + q_pe.k_pe));
 //!   o^h = W_UV^h (sum_t p_t c_t).
+//!
+//! V3.2 (DeepSeek Sparse Attention): `indexer::select` gives each token the keys it attends to.
+//! A token whose selection is every earlier key takes the dense code above unchanged (so a V3.2
+//! model whose `index_topk` covers the context is V3 MLA bit for bit); a sparse MHA row gives the
+//! unselected keys probability exactly 0 (the row keeps its order from key 0); a sparse absorbed
+//! query gathers only its selected latent rows (`absorbed_sparse`: decode cost ~ index_topk, not
+//! the context).
+//!
 //! Keys are visited in position order 0..=pos for every query, with fixed-order kernels, so a
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 //! Blocking (not changing any element's order): MHA scores come from one matmul per head and
@@ -22,9 +30,10 @@ use crate::kernels::{
     for_each_row, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace,
     weighted_sum_rows, worth_parallel,
 };
-use crate::kv::KvCache;
+use crate::kv::{KvCache, SeqKv};
 
 use super::batch::SeqChunk;
+use super::indexer::{self, Selection};
 use super::rope::Rope;
 use super::weights::Attention;
 
@@ -59,6 +68,7 @@ pub(super) fn mla_attention(
     // For one token the projections that read xn run as one batched GEMV pass (same bits).
     let mut q = vec![0f32; n * nh * qk];
     let mut ckv = vec![0f32; n * kvd];
+    let mut qn = Vec::new(); // [n, q_lora] with q-LoRA (the V3.2 indexer reads it too)
     if let Some((qa, qa_norm, qb)) = &a.q_lora {
         let r = qa.rows;
         let mut qlat = vec![0f32; n * r]; // [n, q_lora]
@@ -71,7 +81,7 @@ pub(super) fn mla_attention(
             matmul(qa, xn, n, &mut qlat);
             matmul(&a.kv_a_proj, xn, n, &mut ckv);
         }
-        let mut qn = vec![0f32; n * r]; // [n, q_lora]
+        qn = vec![0f32; n * r]; // [n, q_lora]
         for t in 0..n {
             rms_norm(
                 &qlat[t * r..(t + 1) * r],
@@ -109,6 +119,12 @@ pub(super) fn mla_attention(
         }
         t0 += ch.tokens.len();
     }
+    // V3.2: the keys each token attends to (None: all earlier ones); one selection per token,
+    // applied by whichever path the token takes.
+    let sels: Vec<Selection> = match (&a.indexer, &cfg.indexer) {
+        (Some(w), Some(ix)) => indexer::select(ix, rope, w, layer, xn, &qn, pos, chunks, kv),
+        _ => vec![None; n],
+    };
     let kv = &*kv;
     let scale = cfg.softmax_scale();
 
@@ -119,35 +135,63 @@ pub(super) fn mla_attention(
         if len == 0 {
             continue;
         }
-        let end = ch.start + len;
-        let mut scratch = LatentScratch::take(end * kvd);
-        let cache = scratch.buf(); // [end, kv_lora + rope]
-        kv.read_range(layer, ch.kv, 0, end, cache);
-        let cache = &*cache;
+        let sel_ch = &sels[t0..t0 + len];
+        // Token order in a chunk: MHA (prompt) tokens, then absorbed ones attending to every
+        // key, then absorbed ones with a sparse selection (their positions are the largest).
+        let n_mha = ch.mha_until.saturating_sub(ch.start).min(len);
+        let n_dense = sel_ch[n_mha..].iter().take_while(|s| s.is_none()).count();
+        let n_full = n_mha + n_dense; // tokens that read the cache rows 0..start + n_full
         let q_ch = &q[t0 * nh * qk..(t0 + len) * nh * qk]; // [len, H, qk]
         let out_ch = &mut attn[t0 * nh * vdim..(t0 + len) * nh * vdim]; // [len, H, v]
-        let n_mha = ch.mha_until.saturating_sub(ch.start).min(len);
-        if n_mha > 0 {
-            let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
-            mha(
-                cfg,
-                a,
-                scale,
-                &cache[..keys * kvd],
-                ch.start,
-                &q_ch[..n_mha * nh * qk],
-                &mut out_ch[..n_mha * nh * vdim],
-            );
+        if n_full > 0 {
+            let end = ch.start + n_full;
+            let mut scratch = LatentScratch::take(end * kvd);
+            let cache = scratch.buf(); // [end, kv_lora + rope]
+            kv.read_range(layer, ch.kv, 0, end, cache);
+            let cache = &*cache;
+            if n_mha > 0 {
+                let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
+                mha(
+                    cfg,
+                    a,
+                    scale,
+                    &cache[..keys * kvd],
+                    ch.start,
+                    &q_ch[..n_mha * nh * qk],
+                    &sel_ch[..n_mha],
+                    &mut out_ch[..n_mha * nh * vdim],
+                );
+            }
+            if n_dense > 0 {
+                absorbed(
+                    cfg,
+                    a,
+                    scale,
+                    cache,
+                    ch.start + n_mha,
+                    &q_ch[n_mha * nh * qk..n_full * nh * qk],
+                    &mut out_ch[n_mha * nh * vdim..n_full * nh * vdim],
+                );
+            }
         }
-        if n_mha < len {
-            absorbed(
+        if n_full < len {
+            let picks: Vec<&[u32]> = sel_ch[n_full..]
+                .iter()
+                .map(|s| {
+                    s.as_deref()
+                        .expect("after the dense prefix every token is sparse")
+                })
+                .collect();
+            absorbed_sparse(
                 cfg,
                 a,
                 scale,
-                cache,
-                ch.start + n_mha,
-                &q_ch[n_mha * nh * qk..],
-                &mut out_ch[n_mha * nh * vdim..],
+                kv,
+                layer,
+                ch.kv,
+                &picks,
+                &q_ch[n_full * nh * qk..],
+                &mut out_ch[n_full * nh * vdim..],
             );
         }
         t0 += len;
@@ -197,9 +241,10 @@ impl Drop for LatentScratch {
 const MHA_QUERY_BLOCK: usize = 32;
 
 /// Decompressed MHA. `cache`: [keys, kv_lora + rope]; queries q: [m, H, qk] at positions
-/// start.. start + m; out: [m, H, v]. Per head and block of queries: scores = K_nope Q_nope^T and
+/// start.. start + m, `sels`: [m] their indexer selections (None: every key); out: [m, H, v]. Per head and block of queries: scores = K_nope Q_nope^T and
 /// K_pe Q_pe^T by matmul (each element the fixed-order dot), (s + s_pe) * scale, softmax over
 /// keys 0..=p, then the values in key order.
+#[allow(clippy::too_many_arguments)]
 fn mha(
     cfg: &ModelConfig,
     a: &Attention,
@@ -207,6 +252,7 @@ fn mha(
     cache: &[f32],
     start: usize,
     q: &[f32],
+    sels: &[Selection],
     out: &mut [f32],
 ) {
     let nh = cfg.num_attention_heads;
@@ -271,6 +317,15 @@ fn mha(
             for (st, spv) in row.iter_mut().zip(&sp[i * kb..i * kb + len]) {
                 *st = (*st + *spv) * scale;
             }
+            if let Some(sel) = &sels[i0 + i] {
+                // Sparse row: keys outside the selection get probability exactly 0 (the row
+                // still starts at key 0, so its softmax and value sum keep one order).
+                let mut masked = vec![f32::NEG_INFINITY; len]; // [len]
+                for &s in sel {
+                    masked[s as usize] = row[s as usize];
+                }
+                row.copy_from_slice(&masked);
+            }
             softmax_inplace(row);
         }
         let mut o = vec![0f32; mb * vdim]; // [mb, v]
@@ -286,32 +341,15 @@ fn mha(
     }
 }
 
-/// Absorbed MQA over the latent cache. `cache`: [>= start + m, kv_lora + rope]; q: [m, H, qk] at
-/// positions start..start + m; out: [m, H, v]. All heads of all queries score against the cache
-/// in ONE matmul (each latent row is read once per step, not once per head), softmax per row
-/// over keys 0..=p, and the latent values are accumulated in key order for all rows at once.
-fn absorbed(
-    cfg: &ModelConfig,
-    a: &Attention,
-    scale: f32,
-    cache: &[f32],
-    start: usize,
-    q: &[f32],
-    out: &mut [f32],
-) {
+/// q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe] for q: [m, H, qk]. Heads in parallel
+/// (each head's matmul alone is too small to split); one token: one batched GEMV pass over all
+/// heads.
+fn absorb_queries(cfg: &ModelConfig, a: &Attention, q: &[f32]) -> Vec<f32> {
     let nh = cfg.num_attention_heads;
-    let (nope, rdim, vdim, kvl) = (
-        cfg.qk_nope_head_dim,
-        cfg.qk_rope_head_dim,
-        cfg.v_head_dim,
-        cfg.kv_lora_rank,
-    );
+    let (nope, rdim, kvl) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank);
     let (qk, kvd) = (nope + rdim, kvl + rdim);
     let m = q.len() / (nh * qk);
-    // q_abs: [m, H, kv_lora + rope] = [W_UK^T q_nope | q_pe]
     let mut q_abs = vec![0f32; m * nh * kvd];
-    // Heads in parallel (each head's matmul alone is too small to split); one token: one
-    // batched GEMV pass over all heads.
     let q_lat: Vec<Vec<f32>> = if m == 1 {
         let mut ql: Vec<Vec<f32>> = (0..nh).map(|_| vec![0f32; kvl]).collect(); // [kv_lora] per head
         let items = ql
@@ -340,6 +378,59 @@ fn absorbed(
             dst[kvl..].copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
         }
     }
+    q_abs
+}
+
+/// o^h = W_UV^h ctx^h for ctx: [m, H, kv_lora] into out: [m, H, v].
+fn values_out(cfg: &ModelConfig, a: &Attention, ctx: &[f32], out: &mut [f32]) {
+    let nh = cfg.num_attention_heads;
+    let (vdim, kvl) = (cfg.v_head_dim, cfg.kv_lora_rank);
+    let m = ctx.len() / (nh * kvl);
+    if m == 1 {
+        let items = out
+            .chunks_exact_mut(vdim)
+            .enumerate()
+            .map(|(h, o)| (&a.w_uv[h], &ctx[h * kvl..(h + 1) * kvl], o))
+            .collect();
+        matmul_many(items);
+        return;
+    }
+    let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
+        let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
+        for i in 0..m {
+            ch[i * kvl..(i + 1) * kvl]
+                .copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+        }
+        let mut oh = vec![0f32; m * vdim]; // [m, v]
+        matmul(&a.w_uv[h], &ch, m, &mut oh);
+        oh
+    });
+    for (h, oh) in o_heads.iter().enumerate() {
+        for i in 0..m {
+            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim]
+                .copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
+        }
+    }
+}
+
+/// Absorbed MQA over the latent cache. `cache`: [>= start + m, kv_lora + rope]; q: [m, H, qk] at
+/// positions start..start + m; out: [m, H, v]. All heads of all queries score against the cache
+/// in ONE matmul (each latent row is read once per step, not once per head), softmax per row
+/// over keys 0..=p, and the latent values are accumulated in key order for all rows at once.
+fn absorbed(
+    cfg: &ModelConfig,
+    a: &Attention,
+    scale: f32,
+    cache: &[f32],
+    start: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let nh = cfg.num_attention_heads;
+    let (nope, rdim, kvl) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank);
+    let (qk, kvd) = (nope + rdim, kvl + rdim);
+    let m = q.len() / (nh * qk);
+    let q_abs = absorb_queries(cfg, a, q); // [m, H, kv_lora + rope]
     let keys = start + m;
     let rows = m * nh;
     // scores: [m * H, keys], row (i, h) valid for keys 0..=start + i
@@ -374,30 +465,52 @@ fn absorbed(
             o,
         );
     });
-    // o^h = W_UV^h ctx^h
-    if m == 1 {
-        let items = out
-            .chunks_exact_mut(vdim)
-            .enumerate()
-            .map(|(h, o)| (&a.w_uv[h], &ctx[h * kvl..(h + 1) * kvl], o))
-            .collect();
-        matmul_many(items);
-        return;
-    }
-    let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * kvl * vdim, |h| {
-        let mut ch = vec![0f32; m * kvl]; // [m, kv_lora]
-        for i in 0..m {
-            ch[i * kvl..(i + 1) * kvl]
-                .copy_from_slice(&ctx[(i * nh + h) * kvl..(i * nh + h + 1) * kvl]);
+    values_out(cfg, a, &ctx, out);
+}
+
+/// Sparse absorbed MQA (V3.2): query i attends only to the latent rows at `sels[i]` (ascending
+/// positions), gathered from the cache — the decode cost is the selection's, not the context's.
+/// q: [m, H, qk]; out: [m, H, v]. Per query: scores of all heads against the gathered rows by one
+/// matmul, softmax per head over the selection in position order, values in the same order.
+#[allow(clippy::too_many_arguments)]
+fn absorbed_sparse(
+    cfg: &ModelConfig,
+    a: &Attention,
+    scale: f32,
+    kv: &KvCache,
+    layer: usize,
+    seq: &SeqKv,
+    sels: &[&[u32]],
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let nh = cfg.num_attention_heads;
+    let (rdim, kvl) = (cfg.qk_rope_head_dim, cfg.kv_lora_rank);
+    let kvd = kvl + rdim;
+    let q_abs = absorb_queries(cfg, a, q); // [m, H, kv_lora + rope]
+    let m = sels.len();
+    let work = sels.iter().map(|s| s.len()).sum::<usize>() * nh * kvd * 2;
+    let ctx_rows: Vec<Vec<f32>> = map_indices(m, work, |i| {
+        let sel = sels[i];
+        let k = sel.len();
+        let mut g = vec![0f32; k * kvd]; // [k, kv_lora + rope]
+        kv.read_rows(KvCache::LATENT, layer, seq, sel, &mut g);
+        let mut s = vec![0f32; nh * k]; // [H, k]
+        matmul_f32(
+            &g,
+            k,
+            kvd,
+            &q_abs[i * nh * kvd..(i + 1) * nh * kvd],
+            nh,
+            &mut s,
+        );
+        for row in s.chunks_exact_mut(k) {
+            row.iter_mut().for_each(|st| *st *= scale);
+            softmax_inplace(row);
         }
-        let mut oh = vec![0f32; m * vdim]; // [m, v]
-        matmul(&a.w_uv[h], &ch, m, &mut oh);
-        oh
+        let mut ctx = vec![0f32; nh * kvl]; // [H, kv_lora]
+        weighted_sum_rows(&s, k, &vec![k; nh], &g, kvd, kvl, &mut ctx);
+        ctx
     });
-    for (h, oh) in o_heads.iter().enumerate() {
-        for i in 0..m {
-            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim]
-                .copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
-        }
-    }
+    values_out(cfg, a, &ctx_rows.concat(), out);
 }

@@ -85,10 +85,7 @@ impl Model {
         let h = cfg.hidden_size;
         let vocab = cfg.vocab_size;
         let kc = kv.config();
-        if kc.num_layers != cfg.num_hidden_layers
-            || kc.kv_lora_rank != cfg.kv_lora_rank
-            || kc.rope_dim != cfg.qk_rope_head_dim
-        {
+        if !kc.matches(cfg, cfg.num_hidden_layers) {
             return Err(Error::InvalidArgument(
                 "KV cache layout does not match the model".into(),
             ));

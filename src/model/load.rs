@@ -14,7 +14,7 @@ use crate::kernels::{matrix_row_f32, Matrix, MatrixData};
 use crate::weights::{check_tensor_set, Loader, WeightSource, WeightStore};
 
 use super::rope::Rope;
-use super::weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer};
+use super::weights::{Attention, DecoderLayer, Expert, Ffn, Indexer, Model, Moe, MtpLayer};
 
 impl Model {
     /// Load config.json and the safetensors weights of a model directory.
@@ -139,6 +139,24 @@ fn load_layer(ld: &Loader, c: &ModelConfig, i: usize) -> Result<DecoderLayer> {
             h,
             nh * c.v_head_dim,
         )?,
+        indexer: match (c.indexer, c.q_lora_rank) {
+            (Some(ix), Some(r)) => {
+                let q = format!("{p}.self_attn.indexer");
+                let d = ix.head_dim;
+                Some(Indexer {
+                    wq_b: ld.matrix(&format!("{q}.wq_b.weight"), ix.n_heads * d, r)?,
+                    wk: ld.matrix(&format!("{q}.wk.weight"), d, h)?,
+                    k_norm_w: ld.vector_f32(&format!("{q}.k_norm.weight"), d)?,
+                    k_norm_b: ld.vector_f32(&format!("{q}.k_norm.bias"), d)?,
+                    weights_proj: Matrix::from_f32(
+                        ix.n_heads,
+                        h,
+                        ld.matrix_f32(&format!("{q}.weights_proj.weight"), ix.n_heads, h)?,
+                    ),
+                })
+            }
+            _ => None,
+        },
     };
     let ffn = match (&c.moe, c.is_moe_layer(i)) {
         (Some(m), true) => {

@@ -13,6 +13,7 @@
 mod attention;
 pub mod batch;
 mod forward;
+mod indexer;
 mod load;
 mod moe;
 mod mtp;

@@ -89,14 +89,14 @@ pub(super) fn route(
     let mut w: Vec<f32> = idx.iter().map(|&i| scores[i]).collect();
     let k = idx.len();
     let normalise = match model_type {
-        ModelType::DeepseekV3 => cfg.norm_topk_prob,
+        ModelType::DeepseekV3 | ModelType::DeepseekV32 => cfg.norm_topk_prob,
         ModelType::DeepseekV2 => cfg.norm_topk_prob && k > 1,
     };
     if normalise {
         let den: f32 = w.iter().sum::<f32>() + 1e-20;
         w.iter_mut().for_each(|x| *x /= den);
     }
-    if model_type == ModelType::DeepseekV3 || !normalise {
+    if model_type.is_v3_family() || !normalise {
         w.iter_mut().for_each(|x| *x *= cfg.routed_scaling_factor);
     }
     idx.into_iter().zip(w).collect()

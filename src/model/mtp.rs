@@ -35,10 +35,7 @@ impl Model {
             .get(m)
             .ok_or_else(|| Error::InvalidArgument(format!("model has no MTP layer {m}")))?;
         let kc = kv.config();
-        if kc.num_layers != 1
-            || kc.kv_lora_rank != cfg.kv_lora_rank
-            || kc.rope_dim != cfg.qk_rope_head_dim
-        {
+        if !kc.matches(cfg, 1) {
             return Err(Error::InvalidArgument(
                 "MTP KV cache layout does not match the model".into(),
             ));

@@ -1,4 +1,4 @@
-//! Rotary position embedding with YaRN scaling, in the INTERLEAVED pair convention of the DeepSeek
+//! Rotary position embedding with YaRN scaling (`apply_half`: V3.2's indexer, half-split), in the INTERLEAVED pair convention of the DeepSeek
 //! checkpoints: pairs (x[2i], x[2i+1]) are rotated by angle pos * inv_freq[i]. (transformers
 //! de-interleaves q_pe/k_pe and uses rotate_half; the scores are the same.) The cache stores k_pe
 //! in this interleaved, already-rotated form.
@@ -77,6 +77,25 @@ impl Rope {
             let (a, b) = (x[2 * i], x[2 * i + 1]);
             x[2 * i] = a * c - b * s;
             x[2 * i + 1] = b * c + a * s;
+        }
+    }
+
+    /// Rotate the first `rope_dim` values of `x` in the HALF-SPLIT convention (`rotate_half`:
+    /// pair (x[i], x[i + rope_dim/2]) by angle pos * inv_freq[i]), the values after them pass
+    /// through: V3.2's indexer ropes its q heads and key this way, with the same frequencies and
+    /// cos/sin factor as MLA. // x: [>= rope_dim]
+    pub fn apply_half(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let angle = (pos as f32) * (f as f32);
+            let (s, c) = angle.sin_cos();
+            let (c, s) = (
+                (c as f64 * self.attention_factor) as f32,
+                (s as f64 * self.attention_factor) as f32,
+            );
+            let (a, b) = (x[i], x[i + half]);
+            x[i] = a * c - b * s;
+            x[i + half] = b * c + a * s;
         }
     }
 }

@@ -24,6 +24,22 @@ pub struct Attention {
     pub w_uv: Vec<Matrix>,
     /// o_proj [hidden, H*v].
     pub o_proj: Matrix,
+    /// V3.2's lightning indexer (DeepSeek Sparse Attention); `None` for V2 / V3.
+    pub indexer: Option<Indexer>,
+}
+
+/// The lightning indexer of one V3.2 layer (H_I index heads of width D, one shared key head).
+pub struct Indexer {
+    /// wq_b [H_I * D, q_lora]: index queries from the normalised q latent; row j*D + d.
+    pub wq_b: Matrix,
+    /// wk [D, hidden]: the shared index key from the attention input.
+    pub wk: Matrix,
+    /// k_norm (LayerNorm, eps 1e-6) weight [D].
+    pub k_norm_w: Vec<f32>,
+    /// k_norm bias [D].
+    pub k_norm_b: Vec<f32>,
+    /// weights_proj [H_I, hidden] (kept f32, as transformers keeps it): per-head weights.
+    pub weights_proj: Matrix,
 }
 
 /// One SwiGLU expert / dense MLP: down(silu(gate(x)) * up(x)).

@@ -274,7 +274,7 @@ impl Proposer for DraftModelProposer {
     }
 
     fn kv_bytes_per_token(&self) -> usize {
-        self.kv.bytes_per_token_per_layer() * self.model.config.num_hidden_layers
+        self.kv.bytes_per_token()
     }
 
     fn has_model(&self) -> bool {

@@ -63,8 +63,8 @@ impl MtpProposer {
                 model.config.num_nextn_predict_layers, model.config.num_hidden_layers
             )));
         }
-        let mut kc = KvConfig::for_model(&model.config, block_size, num_blocks, kv_dtype);
-        kc.num_layers = 1;
+        let kc =
+            KvConfig::for_model(&model.config, block_size, num_blocks, kv_dtype).with_layers(1);
         let kv = KvCache::new(kc)?;
         Ok(MtpProposer {
             model,
@@ -254,7 +254,7 @@ impl Proposer for MtpProposer {
     }
 
     fn kv_bytes_per_token(&self) -> usize {
-        self.kv.bytes_per_token_per_layer()
+        self.kv.bytes_per_token()
     }
 
     fn has_model(&self) -> bool {

@@ -70,6 +70,20 @@ fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
         &[h, heads * cfg.v_head_dim],
         true,
     );
+    if let (Some(ix), Some(r)) = (cfg.indexer, cfg.q_lora_rank) {
+        // V3.2's lightning indexer (transformers' `DeepseekV32Indexer`, DeepSeek's `Indexer`):
+        // the projections are fp8 in the official checkpoint, the norm and weights_proj are not.
+        let d = ix.head_dim;
+        add("self_attn.indexer.wq_b.weight", &[ix.n_heads * d, r], true);
+        add("self_attn.indexer.wk.weight", &[d, h], true);
+        add("self_attn.indexer.k_norm.weight", &[d], false);
+        add("self_attn.indexer.k_norm.bias", &[d], false);
+        add(
+            "self_attn.indexer.weights_proj.weight",
+            &[ix.n_heads, h],
+            false,
+        );
+    }
     match (&cfg.moe, cfg.is_moe_layer(layer)) {
         (Some(m), true) => {
             add("mlp.gate.weight", &[m.n_routed_experts, h], false);

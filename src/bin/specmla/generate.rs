@@ -74,6 +74,9 @@ pub struct GenerateArgs {
     /// Draft KV cache dtype (auto = the target's).
     #[arg(long, default_value = "auto")]
     pub draft_kv_dtype: String,
+    /// V3.2 index-key cache dtype (auto = the target's KV dtype): f32, bf16, f16, fp8_e4m3.
+    #[arg(long, default_value = "auto")]
+    pub index_kv_dtype: String,
     /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
@@ -126,6 +129,11 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         threads: a.threads,
         kv_dtype,
         draft_kv_dtype,
+        index_kv_dtype: if a.index_kv_dtype == "auto" {
+            None
+        } else {
+            Some(KvDtype::parse(&a.index_kv_dtype)?)
+        },
         block_size: a.block_size,
         num_blocks: a.num_blocks,
         draft_num_blocks: a.num_blocks,

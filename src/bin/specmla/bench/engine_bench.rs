@@ -137,6 +137,7 @@ pub fn run(
         threads,
         kv_dtype: super::kv_dtype(a)?,
         draft_kv_dtype: None,
+        index_kv_dtype: None,
         block_size,
         num_blocks,
         draft_num_blocks: 1,

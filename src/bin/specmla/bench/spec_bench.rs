@@ -357,6 +357,7 @@ fn run_target(
         threads: a.threads.max(1),
         kv_dtype: super::kv_dtype(a)?,
         draft_kv_dtype: None,
+        index_kv_dtype: None,
         block_size,
         num_blocks: per_req * max_batch + 8,
         draft_num_blocks: per_req * max_batch + 8,

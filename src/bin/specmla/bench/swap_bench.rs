@@ -80,6 +80,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         threads: a.threads.max(1),
         kv_dtype: super::kv_dtype(a)?,
         draft_kv_dtype: None,
+        index_kv_dtype: None,
         block_size,
         num_blocks: blocks,
         draft_num_blocks: blocks,
@@ -183,6 +184,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         let cfg = EngineConfig {
             kv_dtype: d,
             draft_kv_dtype: None,
+            index_kv_dtype: None,
             num_blocks: 4,
             draft_num_blocks: 4,
             ..base.clone()
@@ -205,6 +207,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         progress(&format!("swap bench: workload with {} draft KV", d.name()));
         let cfg = EngineConfig {
             draft_kv_dtype: Some(d),
+            index_kv_dtype: None,
             ..base.clone()
         };
         let e = Engine::new(target, src(), cfg)?;

@@ -1,0 +1,245 @@
+//! What a KV cache holds: one [`KvGroupSpec`] per kind of per-token state, all paged through the
+//! same block pool and block tables.
+//!
+//! Where it sits: `KvConfig::for_model` derives the groups from a `ModelConfig` (the MLA latent
+//! for every model; V3.2 adds its indexer keys); `KvCache` allocates one storage pool per group
+//! and addresses every group's entry of a token through the token's block (so plan-then-commit,
+//! truncation, copy-on-write, prefix caching and preemption act on all groups at once); `specmla
+//! info` and the engine's stats print the byte accounting per kind.
+//!
+//! Guarantees: byte accounting is exact — [`KvGroupSpec::entry_bytes`] is what the pool stores per
+//! entry (values plus fp8 scales), and a pool of `B` blocks of `b` tokens stores exactly
+//! `B * b * sum_g(entry_bytes_g * layers_g)` bytes. Each group has its own dtype.
+//!
+//! Design for the kinds DeepSeek V4 adds (not built yet; `KvCache` accepts only the kinds below):
+//! a group also carries a *retention* — `Full` (today: one entry per token, kept while the
+//! sequence lives), `Window(w)` (a sliding window: blocks wholly older than `len - w - slack` are
+//! released back to the pool; `slack` covers a speculation rollback), and `Compressed(m)` (one
+//! entry per `m` tokens, formed when the m-th token commits, with the partial entry recomputed
+//! from the uncompressed tail the group keeps). Groups of the same retention share one block
+//! table per sequence (so V3.2's latent and index keys share one); a different retention gets
+//! its own table in `SeqKv`, from the same allocator, and its own prefix-cache rule (exact only at
+//! entry boundaries). Entries per block are `block_size / m` for a compressed group, so one
+//! block id still names one page of every group in its table class.
+
+use super::dtype::{fp8_groups, KvDtype};
+use crate::config::ModelConfig;
+
+/// What one group stores per token per layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvKind {
+    /// MLA's latent `[c_kv (kv_lora_rank, normalised) | k_pe (rope_dim, roped)]`.
+    MlaLatent {
+        kv_lora_rank: usize,
+        rope_dim: usize,
+    },
+    /// V3.2's lightning-indexer key `[index_head_dim]` (LayerNorm'd, roped; Hadamard-rotated
+    /// when stored below f32, see `model::indexer`).
+    IndexKey { head_dim: usize },
+}
+
+impl KvKind {
+    /// Stable name (stats, `specmla info`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            KvKind::MlaLatent { .. } => "mla_latent",
+            KvKind::IndexKey { .. } => "index_key",
+        }
+    }
+
+    /// Widths of the entry's parts, in storage order; fp8 scales are grouped per part.
+    pub fn parts(&self) -> Vec<usize> {
+        match *self {
+            KvKind::MlaLatent {
+                kv_lora_rank,
+                rope_dim,
+            } => vec![kv_lora_rank, rope_dim],
+            KvKind::IndexKey { head_dim } => vec![head_dim],
+        }
+    }
+
+    /// Values per entry (sum of the parts).
+    pub fn width(&self) -> usize {
+        self.parts().iter().sum()
+    }
+}
+
+/// One cache group: a kind, the layers that have it, and its stored dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGroupSpec {
+    pub kind: KvKind,
+    /// Layers holding this kind (layer indices `0..num_layers` of the group).
+    pub num_layers: usize,
+    pub dtype: KvDtype,
+}
+
+impl KvGroupSpec {
+    /// Stored bytes of one entry (one token, one layer): values in the dtype, plus for fp8 one
+    /// f32 scale per group of up to 128 values of each part.
+    pub fn entry_bytes(&self) -> usize {
+        let parts = self.kind.parts();
+        let vals: usize = parts.iter().sum::<usize>() * self.dtype.elem_bytes();
+        match self.dtype {
+            KvDtype::Fp8E4M3 => vals + 4 * parts.iter().map(|&p| fp8_groups(p)).sum::<usize>(),
+            _ => vals,
+        }
+    }
+
+    /// Bytes per token over all of the group's layers.
+    pub fn bytes_per_token(&self) -> usize {
+        self.entry_bytes() * self.num_layers
+    }
+}
+
+/// Geometry of one cache: block pool size and the groups every block holds a page of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvConfig {
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// Group 0 is always the MLA latent ([`KvCache::LATENT`](super::KvCache::LATENT)).
+    pub groups: Vec<KvGroupSpec>,
+}
+
+impl KvConfig {
+    /// The cache a model needs: the MLA latent of every layer in `dtype`, and for V3.2 the
+    /// indexer keys of every layer (in `dtype` too; see [`KvConfig::with_index_dtype`]).
+    pub fn for_model(
+        model: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let mut groups = vec![KvGroupSpec {
+            kind: KvKind::MlaLatent {
+                kv_lora_rank: model.kv_lora_rank,
+                rope_dim: model.qk_rope_head_dim,
+            },
+            num_layers: model.num_hidden_layers,
+            dtype,
+        }];
+        if let Some(ix) = model.indexer {
+            groups.push(KvGroupSpec {
+                kind: KvKind::IndexKey {
+                    head_dim: ix.head_dim,
+                },
+                num_layers: model.num_hidden_layers,
+                dtype,
+            });
+        }
+        KvConfig {
+            block_size,
+            num_blocks,
+            groups,
+        }
+    }
+
+    /// A cache holding only an MLA latent of `num_layers` layers (V2 / V3 models).
+    pub fn latent_only(
+        num_layers: usize,
+        kv_lora_rank: usize,
+        rope_dim: usize,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        KvConfig {
+            block_size,
+            num_blocks,
+            groups: vec![KvGroupSpec {
+                kind: KvKind::MlaLatent {
+                    kv_lora_rank,
+                    rope_dim,
+                },
+                num_layers,
+                dtype,
+            }],
+        }
+    }
+
+    /// The same cache with the index-key group (if any) stored in `dtype`.
+    pub fn with_index_dtype(mut self, dtype: KvDtype) -> Self {
+        for g in &mut self.groups {
+            if matches!(g.kind, KvKind::IndexKey { .. }) {
+                g.dtype = dtype;
+            }
+        }
+        self
+    }
+
+    /// The same cache with `n` layers in every group (the MTP drafter's one-layer cache).
+    pub fn with_layers(mut self, n: usize) -> Self {
+        for g in &mut self.groups {
+            g.num_layers = n;
+        }
+        self
+    }
+
+    /// The MLA latent group.
+    pub fn latent(&self) -> &KvGroupSpec {
+        &self.groups[0]
+    }
+
+    /// Layers of the latent group (every attention layer).
+    pub fn num_layers(&self) -> usize {
+        self.latent().num_layers
+    }
+
+    /// The latent group's dtype.
+    pub fn dtype(&self) -> KvDtype {
+        self.latent().dtype
+    }
+
+    /// Index of the first group of `kind`'s variant (e.g. any `IndexKey`).
+    pub fn group_of(&self, kind: &str) -> Option<usize> {
+        self.groups.iter().position(|g| g.kind.name() == kind)
+    }
+
+    /// Bytes per token over every group and layer.
+    pub fn bytes_per_token(&self) -> usize {
+        self.groups.iter().map(KvGroupSpec::bytes_per_token).sum()
+    }
+
+    /// Whether this cache has exactly the groups `model` needs (dtypes aside).
+    pub fn matches(&self, model: &ModelConfig, layers: usize) -> bool {
+        let want = KvConfig::for_model(model, self.block_size, self.num_blocks, self.dtype())
+            .with_layers(layers);
+        want.groups.len() == self.groups.len()
+            && want
+                .groups
+                .iter()
+                .zip(&self.groups)
+                .all(|(a, b)| a.kind == b.kind && a.num_layers == b.num_layers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_bytes_per_kind_and_dtype() {
+        let latent = |dtype| KvGroupSpec {
+            kind: KvKind::MlaLatent {
+                kv_lora_rank: 512,
+                rope_dim: 64,
+            },
+            num_layers: 61,
+            dtype,
+        };
+        let index = |dtype| KvGroupSpec {
+            kind: KvKind::IndexKey { head_dim: 128 },
+            num_layers: 61,
+            dtype,
+        };
+        assert_eq!(latent(KvDtype::F32).entry_bytes(), 576 * 4);
+        assert_eq!(latent(KvDtype::Bf16).entry_bytes(), 576 * 2);
+        assert_eq!(latent(KvDtype::Fp8E4M3).entry_bytes(), 576 + 4 * 5);
+        assert_eq!(index(KvDtype::F32).entry_bytes(), 512);
+        assert_eq!(index(KvDtype::Bf16).entry_bytes(), 256);
+        // DeepSeek-V3.2's fp8 index key: 128 bytes + one f32 scale.
+        assert_eq!(index(KvDtype::Fp8E4M3).entry_bytes(), 132);
+        assert_eq!(index(KvDtype::Fp8E4M3).bytes_per_token(), 132 * 61);
+    }
+}
