@@ -217,3 +217,52 @@ fn bad_indexer_configs_are_refused_with_the_field_named() {
     let ix = cfg.indexer.unwrap();
     assert_eq!((ix.topk, ix.head_dim, ix.n_heads), (2048, 128, 64));
 }
+
+/// Ties everywhere: with every index head weight zero all index scores are exactly 0, so every
+/// query beyond index_topk keeps the lowest positions (torch.topk would pick by row length and
+/// disagree with itself between decode and full forward). Our selection is the same in every
+/// chunking and both paths' results are bitwise chunking-invariant; and it is really the lowest
+/// positions: equal to a model whose keys beyond them do not exist for the last query.
+#[test]
+fn ties_are_broken_by_position_in_every_chunking() {
+    let dir = repo().join("models/golden/v32_topk_small");
+    let mut model = Model::load_dir(&dir).unwrap();
+    let ix = model.config.indexer.unwrap();
+    let h = model.config.hidden_size;
+    for l in &mut model.layers {
+        let w = l.attn.indexer.as_mut().unwrap();
+        w.weights_proj =
+            specmla::kernels::Matrix::from_f32(ix.n_heads, h, vec![0f32; ix.n_heads * h]);
+    }
+    let (ids, _) = golden_reference(&dir).remove(0);
+    assert!(ids.len() > 2 * ix.topk);
+    let mut kv = kv_for(&model, KvDtype::F32, 64);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let whole = run_chunked(&model, &mut kv, &ids, ids.len(), ids.len());
+    for chunk in [1, 3, 8] {
+        let got = run_chunked(&model, &mut kv, &ids, chunk, ids.len());
+        assert_eq!(bits(&got), bits(&whole), "MHA chunk {chunk}");
+    }
+    let a1 = run_chunked(&model, &mut kv, &ids, 1, 0);
+    for chunk in [2, 5, ids.len()] {
+        let got = run_chunked(&model, &mut kv, &ids, chunk, 0);
+        assert_eq!(bits(&got), bits(&a1), "absorbed chunk {chunk}");
+    }
+    // The first index_topk tokens are what every later query sees: the prompt's first topk
+    // tokens followed by one query token gives, for that token, logits that depend only on the
+    // first topk keys — so replacing the tokens between them and the query changes nothing.
+    let vocab = model.config.vocab_size;
+    let t = ids.len();
+    let mut other = ids.clone();
+    for x in &mut other[ix.topk..t - 1] {
+        *x = (*x + 1) % vocab as u32;
+    }
+    let a = run_chunked(&model, &mut kv, &ids, 1, 0);
+    let b = run_chunked(&model, &mut kv, &other, 1, 0);
+    // (only attention is restricted; the last token's own residual stream is the same)
+    assert_eq!(
+        bits(&a[(t - 1) * vocab..]),
+        bits(&b[(t - 1) * vocab..]),
+        "the last query attends only to the lowest positions"
+    );
+}

@@ -43,7 +43,15 @@ pub struct QuantizeReport {
 
 /// Whether tensor `name` (2-D) is a linear weight that the official fp8 layout quantises.
 pub fn is_quantizable(name: &str) -> bool {
-    const KEEP: [&str; 4] = ["embed_tokens", "lm_head", "norm", "mlp.gate.weight"];
+    // V3.2's indexer keeps `weights_proj` unquantised (DeepSeek's checkpoint stores it in bf16;
+    // transformers keeps it in f32); its `k_norm` is a norm.
+    const KEEP: [&str; 5] = [
+        "embed_tokens",
+        "lm_head",
+        "norm",
+        "mlp.gate.weight",
+        "indexer.weights_proj",
+    ];
     name.ends_with(".weight") && !KEEP.iter().any(|k| name.contains(k))
 }
 
