@@ -184,6 +184,8 @@ fn regenerate_seed_corpus() {
         "golden/v3_yarn",
         "golden/v3_tied",
         "golden/v3_dense3",
+        "golden/v32_odd",
+        "golden/v32_topk_small",
         "draft",
         "target",
     ] {

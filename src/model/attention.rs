@@ -210,13 +210,13 @@ thread_local! {
 
 /// A latent-row buffer taken from this thread's [`LATENT`] (or fresh when it is in use) and
 /// given back on drop.
-struct LatentScratch {
+pub(super) struct LatentScratch {
     v: Vec<f32>,
     len: usize,
 }
 
 impl LatentScratch {
-    fn take(len: usize) -> Self {
+    pub(super) fn take(len: usize) -> Self {
         let mut v = LATENT.with(|c| c.take());
         if v.len() < len {
             v.resize(len, 0.0);
@@ -224,7 +224,7 @@ impl LatentScratch {
         LatentScratch { v, len }
     }
     /// The first `len` floats (contents unspecified: the caller overwrites them).
-    fn buf(&mut self) -> &mut [f32] {
+    pub(super) fn buf(&mut self) -> &mut [f32] {
         &mut self.v[..self.len]
     }
 }
@@ -489,9 +489,8 @@ fn absorbed_sparse(
     let kvd = kvl + rdim;
     let q_abs = absorb_queries(cfg, a, q); // [m, H, kv_lora + rope]
     let m = sels.len();
-    let work = sels.iter().map(|s| s.len()).sum::<usize>() * nh * kvd * 2;
-    let ctx_rows: Vec<Vec<f32>> = map_indices(m, work, |i| {
-        let sel = sels[i];
+    let mut ctx = vec![0f32; m * nh * kvl]; // [m, H, kv_lora]
+    for (i, &sel) in sels.iter().enumerate() {
         let k = sel.len();
         let mut g = vec![0f32; k * kvd]; // [k, kv_lora + rope]
         kv.read_rows(KvCache::LATENT, layer, seq, sel, &mut g);
@@ -508,9 +507,26 @@ fn absorbed_sparse(
             row.iter_mut().for_each(|st| *st *= scale);
             softmax_inplace(row);
         }
-        let mut ctx = vec![0f32; nh * kvl]; // [H, kv_lora]
-        weighted_sum_rows(&s, k, &vec![k; nh], &g, kvd, kvl, &mut ctx);
-        ctx
-    });
-    values_out(cfg, a, &ctx_rows.concat(), out);
+        // ctx_i: [H, kv_lora], heads split into one group per worker (each group streams the
+        // gathered rows once), as in the dense path.
+        let work = nh * k * kvl;
+        let groups = if worth_parallel(work) {
+            rayon::current_num_threads().min(nh).max(1)
+        } else {
+            1
+        };
+        let per = nh.div_ceil(groups);
+        let lens = vec![k; nh];
+        for_each_row(
+            &mut ctx[i * nh * kvl..(i + 1) * nh * kvl],
+            per * kvl,
+            work,
+            |gi, o| {
+                let h0 = gi * per;
+                let nr = o.len() / kvl;
+                weighted_sum_rows(&s[h0 * k..], k, &lens[h0..h0 + nr], &g, kvd, kvl, o);
+            },
+        );
+    }
+    values_out(cfg, a, &ctx, out);
 }

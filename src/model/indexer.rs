@@ -26,6 +26,7 @@ use crate::config::IndexerConfig;
 use crate::kernels::{map_indices, matmul, matmul_f32};
 use crate::kv::{KvCache, KvDtype};
 
+use super::attention::LatentScratch;
 use super::batch::SeqChunk;
 use super::rope::Rope;
 use super::weights::Indexer;
@@ -106,8 +107,12 @@ pub(super) fn select(
         let first = ix.topk.saturating_sub(ch.start).min(len);
         if first < len {
             let end = ch.start + len;
-            let mut keys = vec![0f32; end * d]; // [end, D]
-            kv.read_group_range(group, layer, ch.kv, 0, end, &mut keys);
+            // This thread's reusable buffer (a fresh multi-megabyte vector per layer and step
+            // costs page faults that grow with the context).
+            let mut scratch = LatentScratch::take(end * d);
+            let keys = scratch.buf(); // [end, D]
+            kv.read_group_range(group, layer, ch.kv, 0, end, keys);
+            let keys = &*keys;
             let m = len - first;
             let nb = m.div_ceil(QUERY_BLOCK);
             let work = m * nh * end * d;

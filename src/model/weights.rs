@@ -132,6 +132,13 @@ impl Model {
             }
             n += a.q_proj.as_ref().map_or(0, |m| m.numel());
             n += a.kv_a_proj.numel() + a.kv_a_norm.len() + a.kv_b_proj.numel() + a.o_proj.numel();
+            if let Some(ix) = &a.indexer {
+                n += ix.wq_b.numel()
+                    + ix.wk.numel()
+                    + ix.weights_proj.numel()
+                    + ix.k_norm_w.len()
+                    + ix.k_norm_b.len();
+            }
             n += match &l.ffn {
                 Ffn::Dense(e) => expert_params(e),
                 Ffn::Moe(m) => {
@@ -158,6 +165,9 @@ impl Model {
             v.extend(a.q_proj.as_ref());
             v.extend([&a.kv_a_proj, &a.kv_b_proj, &a.o_proj]);
             v.extend(a.w_uk_t.iter());
+            if let Some(ix) = &a.indexer {
+                v.extend([&ix.wq_b, &ix.wk, &ix.weights_proj]);
+            }
             let experts: Vec<&Expert> = match &l.ffn {
                 Ffn::Dense(e) => vec![e],
                 Ffn::Moe(m) => m.experts.iter().chain(m.shared.as_ref()).collect(),
@@ -183,6 +193,7 @@ impl Model {
                 + a.w_uk_t.iter().map(Matrix::nbytes).sum::<usize>()
                 + a.w_uv.iter().map(Matrix::nbytes).sum::<usize>()
                 + a.o_proj.nbytes();
+            n += a.indexer.as_ref().map_or(0, Indexer::nbytes);
             n += match &l.ffn {
                 Ffn::Dense(e) => expert_bytes(e),
                 Ffn::Moe(m) => {
@@ -216,6 +227,14 @@ impl Expert {
     }
 }
 
+impl Indexer {
+    /// Bytes of its three matrices (an upper bound of what a step reads: the index queries and
+    /// weights are only formed once a context exceeds `index_topk`).
+    pub fn nbytes(&self) -> usize {
+        self.wq_b.nbytes() + self.wk.nbytes() + self.weights_proj.nbytes()
+    }
+}
+
 impl DecoderLayer {
     /// Bytes of the attention weights one forward reads: q / kv_a projections and o_proj, plus
     /// kv_b_proj when some token takes the decompressed-MHA path (`mha`) and the absorbed
@@ -227,6 +246,7 @@ impl DecoderLayer {
             n += qa.nbytes() + qb.nbytes();
         }
         n += a.q_proj.as_ref().map_or(0, Matrix::nbytes);
+        n += a.indexer.as_ref().map_or(0, Indexer::nbytes);
         if mha {
             n += a.kv_b_proj.nbytes();
         }

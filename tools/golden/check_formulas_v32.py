@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Independent float64 NumPy forward of DeepSeek-V3.2 (MLA + DSA indexer) that reads ONLY the
-fixture files under models/golden/v32/ and the formulas of models/golden/V32.md, and checks the
+fixture files models/golden/v32_*/ and the formulas of models/golden/V32.md, and checks the
 logits, the indexer's selections (every prompt), and for prompt 0 the index scores, per-head
 weights and cached index keys against the transformers reference. It is the executable form of
 V32.md (the MLA / MoE part reuses check_formulas.py, the executable form of README.md).
@@ -21,7 +21,7 @@ from safetensors import safe_open
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_formulas import GOLDEN, load, mlp, rms, rope_interleaved, rope_setup, router  # noqa: E402
 
-V32 = os.path.join(GOLDEN, "v32")
+V32 = GOLDEN
 
 
 def layer_norm(x, w, b, eps=1e-6):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the DeepSeek-V3.2 (DSA, sparse attention) golden fixtures under models/golden/v32/.
+"""Generate the DeepSeek-V3.2 (DSA, sparse attention) golden fixtures models/golden/v32_*/.
 
 Same recipe as make_golden.py (whose helpers this script imports): a tiny RANDOM
 DeepseekV32ForCausalLM checkpoint written through transformers' save_pretrained, reloaded with
@@ -8,9 +8,8 @@ of the V3 references (logits, residual stream, routes) every fixture records wha
 indexer selected, and the prompts are re-drawn until no top-k selection is decided by a
 near-tie (MIN_INDEX_MARGIN), exactly as routing decisions are guarded by MIN_ROUTE_MARGIN.
 
-The fixtures live one level down (models/golden/v32/<name>/) on purpose: the Rust tests iterate
-every models/golden/<dir>/config.json and the engine refuses `index_topk` until V3.2 is
-implemented. Move them up (or extend tests/common/mod.rs golden_dirs) when it is.
+The fixtures sit beside the V2/V3 ones (models/golden/<name>/), so every golden test of the Rust
+suite runs them; tests/golden_v32.rs adds the V3.2-specific checks.
 
 Run by hand (not in CI), from the repository root:
 
@@ -47,7 +46,7 @@ from transformers.cache_utils import DynamicCache
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_golden as mg  # noqa: E402  (shared helpers: init, save, routing, decode check)
 
-OUT_DIR = os.path.join(mg.OUT_DIR, "v32")
+OUT_DIR = mg.OUT_DIR
 PROMPT_LENS = mg.PROMPT_LENS  # (37, 21, 9)
 # Indexer top-k decisions closer than this (in index-score units, scores are O(1)) are fragile:
 # prompts are re-drawn until, in every layer and every prompt, the k-th best causal key beats

@@ -1,5 +1,6 @@
 //! `specmla info`: model summary, parameter count, weight bytes per dtype, the kernels (ISA) in
-//! use, KV bytes per token per cache dtype.
+//! use, KV bytes per token per cache dtype and per cache group (MLA latent; V3.2 index keys), and
+//! the resident KV bytes of one sequence at 8k and 128k tokens.
 
 use std::path::PathBuf;
 
@@ -30,8 +31,32 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let mut kv = serde_json::Map::new();
     for dt in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
         let cache = KvCache::new(KvConfig::for_model(c, 16, 1, dt))?;
-        let per_layer = cache.bytes_per_token_per_layer();
-        kv.insert(dt.name().into(), json!({"bytes_per_token_per_layer": per_layer, "bytes_per_token": per_layer * c.num_hidden_layers}));
+        let st = cache.stats();
+        let groups: Vec<_> = st
+            .groups
+            .iter()
+            .map(|g| {
+                json!({
+                    "kind": g.kind,
+                    "dtype": g.dtype.name(),
+                    "layers": g.num_layers,
+                    "values_per_token_per_layer": g.width,
+                    "bytes_per_token_per_layer": g.bytes_per_token_per_layer,
+                    "bytes_per_token": g.bytes_per_token,
+                })
+            })
+            .collect();
+        let per_token = cache.bytes_per_token();
+        kv.insert(
+            dt.name().into(),
+            json!({
+                "bytes_per_token_per_layer": cache.bytes_per_token_per_layer(),
+                "bytes_per_token": per_token,
+                "groups": groups,
+                "resident_bytes_8k": per_token * 8192,
+                "resident_bytes_128k": per_token * 131072,
+            }),
+        );
     }
     let v = json!({
         "model_dir": a.model,

@@ -8,6 +8,8 @@
 //! - speculation (`--draft DIR`, or `--spec` for the default pair / next to `--swap`): committed tokens/s with and without a draft model, acceptance,
 //!   break-even acceptance, reasoning budgets, answer accuracy, and the greedy identity check
 //!   (`spec_bench.rs`).
+//! - V3.2 indexer (`--v32`): decode cost of the lightning indexer and the savings of sparse
+//!   attention at long context, a V3.2-shaped random model against its V3 twin (`v32_bench.rs`).
 //! - draft swaps (`--swap`): load/apply times, step latency around swaps, KV bytes per token per
 //!   dtype, fp8 vs bf16 draft KV (`swap_bench.rs`).
 //!
@@ -19,6 +21,7 @@ mod engine_bench;
 mod random_model;
 mod spec_bench;
 mod swap_bench;
+mod v32_bench;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -108,6 +111,10 @@ pub struct BenchArgs {
     /// Speculation bench: skip the widened (memory-bound) copy of the target.
     #[arg(long)]
     pub no_wide: bool,
+    /// Run the V3.2 indexer bench: a V3.2-shaped random model vs its V3 twin, batch-1 decode at
+    /// the --long-contexts lengths (default 2048,8192); alone unless --engine / --spec / --swap.
+    #[arg(long)]
+    pub v32: bool,
 }
 
 /// One bench section: JSON for machines, lines for people.
@@ -286,7 +293,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
-    let run_engine = a.engine || (!run_spec && !a.swap);
+    let run_engine = a.engine || (!run_spec && !a.swap && !a.v32);
     let mut sections: Vec<Section> = Vec::new();
     let t0 = Instant::now();
     let load_before = machine_load();
@@ -308,6 +315,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let target = default_dir(&a.model, "models/target");
         let draft = default_dir(&a.draft, "models/draft");
         sections.push(swap_bench::run(&a, &target, &draft)?);
+    }
+    if a.v32 {
+        let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        sections.push(v32_bench::run(&a, &scratch_base)?);
     }
     let load_after = machine_load();
     if a.json {

@@ -98,6 +98,41 @@ impl BenchModelSpec {
     }
 }
 
+impl BenchModelSpec {
+    /// A DeepSeek-V3.2-shaped config (`indexer`) or its V3 twin without the indexer: V3.2's
+    /// attention per layer (128 heads, q_lora_rank 1536, kv_lora_rank 512, rope 64, nope 128,
+    /// v 128) and indexer (64 index heads of 128 dims, index_topk 2048) at their real sizes, so
+    /// the indexer's share of a decode step is V3.2's; hidden 2048 and the small MoE above;
+    /// V3's router (noaux_tc, sigmoid); 16384 positions.
+    pub fn v32_config_json(&self, indexer: bool) -> Value {
+        let mut c = self.config_json();
+        c["architectures"] = json!([if indexer {
+            "DeepseekV32ForCausalLM"
+        } else {
+            "DeepseekV3ForCausalLM"
+        }]);
+        c["model_type"] = json!(if indexer {
+            "deepseek_v32"
+        } else {
+            "deepseek_v3"
+        });
+        c["q_lora_rank"] = json!(1536);
+        c["num_attention_heads"] = json!(128);
+        c["num_key_value_heads"] = json!(128);
+        c["max_position_embeddings"] = json!(16384);
+        c["topk_method"] = json!("noaux_tc");
+        c["scoring_func"] = json!("sigmoid");
+        c["norm_topk_prob"] = json!(true);
+        c["routed_scaling_factor"] = json!(2.5);
+        if indexer {
+            c["index_n_heads"] = json!(64);
+            c["index_head_dim"] = json!(128);
+            c["index_topk"] = json!(2048);
+        }
+        c
+    }
+}
+
 /// Cheap deterministic generator (xorshift64*): four bf16 weights per draw.
 struct XorShift(u64);
 
@@ -167,7 +202,9 @@ pub fn write_random_checkpoint(dir: &Path, config: &Value, seed: u64) -> Result<
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 22); // [chunk_values * 2] bf16 bytes
     for (name, shape) in &tensors {
         let n: usize = shape.iter().product();
-        let is_norm = name.ends_with("layernorm.weight") || name == "model.norm.weight";
+        let is_norm = name.ends_with("layernorm.weight")
+            || name.ends_with("k_norm.weight")
+            || name == "model.norm.weight";
         let mut left = n;
         while left > 0 {
             let m = left.min(1 << 21);
@@ -238,6 +275,17 @@ fn attn_params(c: &ModelConfig) -> usize {
         + h * nh * c.v_head_dim
 }
 
+/// V3.2 indexer matrices of one layer: (wq_b + wk in the stored precision, weights_proj kept f32).
+fn indexer_params(c: &ModelConfig) -> (usize, usize) {
+    match (c.indexer, c.q_lora_rank) {
+        (Some(ix), Some(r)) => (
+            ix.n_heads * ix.head_dim * r + ix.head_dim * c.hidden_size,
+            ix.n_heads * c.hidden_size,
+        ),
+        _ => (0, 0),
+    }
+}
+
 /// Costs of a token from the config alone.
 pub fn token_costs(c: &ModelConfig, weight_bytes: usize) -> TokenCosts {
     let h = c.hidden_size;
@@ -248,9 +296,11 @@ pub fn token_costs(c: &ModelConfig, weight_bytes: usize) -> TokenCosts {
     for layer in 0..c.num_hidden_layers {
         let a = attn_params(c);
         let q_norm = c.q_lora_rank.unwrap_or(0);
-        total += a + 2 * h + c.kv_lora_rank + q_norm;
-        active += a;
-        bytes += a * weight_bytes;
+        let (ix_mat, ix_f32) = indexer_params(c);
+        let ix_norm = c.indexer.map_or(0, |i| 2 * i.head_dim);
+        total += a + 2 * h + c.kv_lora_rank + q_norm + ix_mat + ix_f32 + ix_norm;
+        active += a + ix_mat + ix_f32;
+        bytes += (a + ix_mat) * weight_bytes + ix_f32 * 4;
         match (&c.moe, c.is_moe_layer(layer)) {
             (Some(m), true) => {
                 let e = 3 * h * m.moe_intermediate_size;

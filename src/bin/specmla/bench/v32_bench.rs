@@ -1,0 +1,230 @@
+//! `specmla bench --v32`: what DeepSeek-V3.2's lightning indexer costs in decode, and what its
+//! sparse attention saves, at long context — a V3.2-shaped random checkpoint against its V3 twin
+//! (the same shapes without the indexer, dense MLA), both written by the bench itself.
+//!
+//! Per context length (default 2048 and 8192; `--long-contexts`): both models prefill a prompt of
+//! that length, then their batch-1 decode steps alternate (one of each, repeated, so the host's
+//! slow spells hit both); reported: ms/step (p50) of each model, their ratio, and the KV bytes a step reads per kind: the V3 twin
+//! reads every latent row; V3.2 reads every index key (the indexer scores them all) plus the
+//! latent rows of its `index_topk` selection. At 2048 the selection keeps (almost) every key, so
+//! the difference is the indexer's own cost; at 8192 sparse attention reads a quarter of the
+//! latent rows.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use std::time::Instant;
+
+use specmla::engine::{Engine, EngineConfig, Prompt, Request};
+use specmla::model::Model;
+use specmla::spec::SpecMode;
+use specmla::{Error, Result};
+
+use super::random_model::{write_random_checkpoint, BenchModelSpec, ScratchDir};
+use super::{progress, random_tokens, table, BenchArgs, Section};
+
+/// One model's engine and what the table reports about it.
+struct Arm {
+    engine: Engine,
+    vocab: usize,
+    params: usize,
+    kv_bytes_per_token: Vec<(String, usize)>,
+}
+
+fn arm(a: &BenchArgs, dir: &Path, longest: usize, extra: usize) -> Result<Arm> {
+    let model = Arc::new(Model::load_dir(dir)?);
+    let block_size = 16;
+    let cfg = EngineConfig {
+        threads: a.threads.max(1),
+        kv_dtype: super::kv_dtype(a)?,
+        block_size,
+        num_blocks: (longest + extra + 4).div_ceil(block_size) + 8,
+        draft_num_blocks: 1,
+        max_batch_tokens: 2048,
+        max_running: 1,
+        prefix_cache: false,
+        spec: SpecMode::Fixed(0),
+        isa: crate::generate::parse_isa(&a.isa)?,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::from_model(Arc::clone(&model), None, cfg)?;
+    let kv_bytes_per_token = engine
+        .stats()
+        .kv
+        .groups
+        .iter()
+        .map(|g| (g.kind.to_string(), g.bytes_per_token))
+        .collect();
+    Ok(Arm {
+        engine,
+        vocab: model.config.vocab_size,
+        params: model.num_params(),
+        kv_bytes_per_token,
+    })
+}
+
+/// Submit a `ctx`-token prompt and step until its first token (prefill) plus `warmup` steps.
+fn prefill(arm: &Arm, ctx: usize, warmup: usize, steps: usize, seed: u64) -> Result<()> {
+    let mut r = Request::new(Prompt::Tokens(random_tokens(ctx, arm.vocab, 3, seed)));
+    r.sampling.max_tokens = 1 + warmup + steps;
+    r.sampling.ignore_eos = true;
+    arm.engine.submit(r)?;
+    let mut got = 0;
+    let mut guard = 0;
+    while got == 0 {
+        got += arm
+            .engine
+            .step()?
+            .iter()
+            .map(|e| e.tokens.len())
+            .sum::<usize>();
+        guard += 1;
+        if guard > 10_000 {
+            return Err(Error::Engine("bench: prefill did not finish".into()));
+        }
+    }
+    for _ in 0..warmup {
+        arm.engine.step()?;
+    }
+    Ok(())
+}
+
+pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
+    let contexts = super::parse_lengths(
+        a.long_contexts.as_deref(),
+        if a.quick {
+            &[1024, 2560]
+        } else {
+            &[2048, 8192]
+        },
+        "long-contexts",
+    )?;
+    if contexts.is_empty() {
+        return Err(Error::InvalidArgument(
+            "--v32 needs at least one --long-contexts length".into(),
+        ));
+    }
+    // One decoder layer (dense MLP): the attention is V3.2's, the prefill half the cost.
+    let spec = BenchModelSpec {
+        num_layers: 1,
+        ..BenchModelSpec::quick()
+    };
+    let (warmup, steps) = if a.quick { (1, 4) } else { (2, 12) };
+    let longest = contexts.iter().copied().max().unwrap_or(0);
+    let mut dirs = Vec::new();
+    let mut arms = Vec::new();
+    for indexer in [true, false] {
+        let s = ScratchDir::new(scratch_base, if indexer { "v32" } else { "v3-twin" });
+        progress(&format!(
+            "writing the random {} benchmark model to {}",
+            if indexer { "V3.2" } else { "V3 (twin)" },
+            s.0.display()
+        ));
+        write_random_checkpoint(&s.0, &spec.v32_config_json(indexer), a.seed)?;
+        arms.push(arm(a, &s.0, longest, 1 + warmup + steps)?);
+        dirs.push(s);
+    }
+    // Per context: both prompts prefilled, then the two engines' decode steps alternate (so a
+    // slow spell of the host hits both alike); p50 of each.
+    let mut measured: Vec<[f64; 2]> = Vec::new(); // [V3.2, V3] ms/step p50 per context
+    for (i, &ctx) in contexts.iter().enumerate() {
+        for (j, arm) in arms.iter().enumerate() {
+            progress(&format!(
+                "{}: prefill {ctx} tokens",
+                if j == 0 { "V3.2" } else { "V3 twin" }
+            ));
+            prefill(arm, ctx, warmup, steps, a.seed + 7 * i as u64)?;
+        }
+        progress(&format!(
+            "{steps} interleaved decode steps at context {ctx}"
+        ));
+        let mut times = [Vec::new(), Vec::new()];
+        for _ in 0..steps {
+            for (j, arm) in arms.iter().enumerate() {
+                let t = Instant::now();
+                arm.engine.step()?;
+                times[j].push(t.elapsed().as_secs_f64());
+            }
+        }
+        for arm in &arms {
+            while arm.engine.has_work() {
+                arm.engine.step()?;
+            }
+        }
+        measured.push([
+            1e3 * super::percentile(&times[0], 50.0),
+            1e3 * super::percentile(&times[1], 50.0),
+        ]);
+    }
+    let (v32, v3) = (&arms[0], &arms[1]);
+    let topk = 2048usize;
+    let bpt = |m: &Arm, kind: &str| {
+        m.kv_bytes_per_token
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map_or(0, |(_, b)| *b)
+    };
+    let (lat, idx) = (bpt(v32, "mla_latent"), bpt(v32, "index_key"));
+    let mut rows = Vec::new();
+    let mut js = Vec::new();
+    for (&[ms32, ms3], &ctx) in measured.iter().zip(&contexts) {
+        // the measured steps attend to ctx .. ctx + steps keys: their mean
+        let c = ctx as f64 + warmup as f64 + (steps as f64 + 1.0) / 2.0;
+        let kv3 = c * lat as f64;
+        let kv32 = c * idx as f64 + c.min(topk as f64) * lat as f64;
+        rows.push(vec![
+            ctx.to_string(),
+            format!("{:.0}", c),
+            format!("{ms3:.1}"),
+            format!("{ms32:.1}"),
+            format!("{:.2}x", ms32 / ms3),
+            format!("{:.1}", 1e3 / ms3),
+            format!("{:.1}", 1e3 / ms32),
+            format!("{:.2}", kv3 / 1e6),
+            format!("{:.2}", kv32 / 1e6),
+        ]);
+        js.push(json!({
+            "context": ctx, "mean_context": c, "steps": steps,
+            "v3_ms_per_step_p50": ms3, "v32_ms_per_step_p50": ms32,
+            "v32_over_v3_step_time": ms32 / ms3,
+            "v3_kv_bytes_read_per_step": kv3, "v32_kv_bytes_read_per_step": kv32,
+        }));
+    }
+    let mut text = format!(
+        "V3.2-shaped random model ({} params; 128 heads, 64 index heads x 128, index_topk {topk}) \
+         vs its V3 twin ({} params, dense MLA); batch-1 decode, {} threads, KV {}\nKV bytes per token: \
+         latent {lat}, index keys {idx} (V3.2 total {})\n",
+        v32.params,
+        v3.params,
+        a.threads,
+        a.kv_dtype,
+        lat + idx
+    );
+    text += &table(
+        &[
+            "context",
+            "mean ctx",
+            "V3 ms/step",
+            "V3.2 ms/step",
+            "V3.2/V3",
+            "V3 tok/s (p50)",
+            "V3.2 tok/s (p50)",
+            "V3 KV MB/step",
+            "V3.2 KV MB/step",
+        ],
+        &rows,
+    );
+    Ok(Section {
+        name: "v32_indexer",
+        json: json!({
+            "index_topk": topk, "index_n_heads": 64, "index_head_dim": 128,
+            "v32_params": v32.params, "v3_params": v3.params,
+            "kv_bytes_per_token": {"mla_latent": lat, "index_key": idx},
+            "kv_dtype": a.kv_dtype,
+            "contexts": js,
+        }),
+        text,
+    })
+}
