@@ -142,7 +142,9 @@ def check(name):
 
 
 def main(argv):
-    names = argv or sorted(n for n in os.listdir(V32) if os.path.isfile(os.path.join(V32, n, "config.json")))
+    names = argv or sorted(
+        n for n in os.listdir(V32) if n.startswith("v32_") and os.path.isfile(os.path.join(V32, n, "config.json"))
+    )
     ok = all([check(n) for n in names])
     sys.exit(0 if ok else 1)
 

@@ -399,6 +399,41 @@ mod tests {
     }
 
     #[test]
+    fn v32_checkpoint_loads_and_counts_the_indexer() {
+        let dir = ScratchDir::new(&std::env::temp_dir(), "unit-test-v32");
+        let mut cfg = tiny().v32_config_json(true);
+        cfg["hidden_size"] = json!(64);
+        cfg["num_attention_heads"] = json!(2);
+        cfg["num_key_value_heads"] = json!(2);
+        cfg["q_lora_rank"] = json!(24);
+        cfg["kv_lora_rank"] = json!(32);
+        cfg["qk_nope_head_dim"] = json!(16);
+        cfg["qk_rope_head_dim"] = json!(8);
+        cfg["v_head_dim"] = json!(16);
+        cfg["index_n_heads"] = json!(3);
+        cfg["index_head_dim"] = json!(16);
+        cfg["index_topk"] = json!(4);
+        write_random_checkpoint(&dir.0, &cfg, 3).unwrap();
+        let model = Model::load_dir(&dir.0).unwrap();
+        assert!(model.config.indexer.is_some());
+        let costs = token_costs(&model.config, 2);
+        assert_eq!(costs.total_params, model.num_params());
+        assert_eq!(costs.decode_weight_bytes, model.decode_bytes_per_token());
+        // the twin without the indexer has exactly the indexer's parameters fewer
+        let twin = ModelConfig::from_json_str(&{
+            let mut c = cfg.clone();
+            c["model_type"] = json!("deepseek_v3");
+            for k in ["index_n_heads", "index_head_dim", "index_topk"] {
+                c.as_object_mut().unwrap().remove(k);
+            }
+            c.to_string()
+        })
+        .unwrap();
+        let ix = 2 * (3 * 16 * 24 + 16 * 64 + 3 * 64 + 2 * 16); // per layer, 2 layers
+        assert_eq!(token_costs(&twin, 2).total_params + ix, costs.total_params);
+    }
+
+    #[test]
     fn standard_bench_model_is_in_the_asked_range() {
         let cfg = ModelConfig::from_json_str(&BenchModelSpec::standard().config_json().to_string())
             .unwrap();
