@@ -11,7 +11,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use specmla::kernels::{
-    matmul, measure_peak_flops, measure_read_bandwidth, pin_thread, Isa, Matrix,
+    dot_rows, for_each_row, matmul, matmul_f32, measure_peak_flops, measure_read_bandwidth,
+    pin_thread, Isa, Matrix,
 };
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -96,6 +97,9 @@ fn main() {
     }
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
+    }
+    if std::env::args().any(|a| a == "indexer") {
+        return indexer_scores();
     }
     if std::env::args().any(|a| a == "isa") {
         return isa_gemm();
@@ -204,6 +208,49 @@ fn main() {
                 t * 1e3
             );
         }
+    }
+}
+
+/// `cargo bench --bench kernels -- indexer`: V3.2's decode-time index scores (64 index heads x
+/// 128 dims against T cached keys), the keys as the weight operand (T rows, 64 tokens) or the
+/// queries as the weight operand (64 rows, T tokens), 2 threads.
+fn indexer_scores() {
+    let p2 = pool(2);
+    let (nh, d) = (64usize, 128usize);
+    for t in [2048usize, 8192] {
+        let keys: Vec<f32> = (0..t * d)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0)
+            .collect();
+        let q: Vec<f32> = (0..nh * d)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) / 64.0)
+            .collect();
+        let mut s = vec![0f32; nh * t];
+        let a = p2.install(|| best_of(5, || matmul_f32(&keys, t, d, black_box(&q), nh, &mut s)));
+        let b = p2.install(|| best_of(5, || matmul_f32(&q, nh, d, black_box(&keys), t, &mut s)));
+        let wt = vec![0.01f32; nh];
+        let mut score = vec![0f32; t];
+        let c = p2.install(|| {
+            best_of(5, || {
+                for_each_row(&mut score, 256, nh * d * t, |ci, o| {
+                    let mut dots = vec![0f32; nh];
+                    for (i, oi) in o.iter_mut().enumerate() {
+                        let k = (ci * 256 + i) * d;
+                        dot_rows(black_box(&q), d, &keys[k..k + d], &mut dots);
+                        *oi = dots.iter().zip(&wt).map(|(x, w)| w * x.max(0.0)).sum();
+                    }
+                })
+            })
+        });
+        let flop = 2.0 * (nh * d * t) as f64;
+        println!(
+            "index scores T={t}: keys as weights {:.2} ms ({:.1} GFLOP/s), queries as weights {:.2} ms ({:.1} GFLOP/s), fused dot_rows per key {:.2} ms ({:.1} GFLOP/s)",
+            1e3 * a,
+            flop / a / 1e9,
+            1e3 * b,
+            flop / b / 1e9,
+            1e3 * c,
+            flop / c / 1e9
+        );
     }
 }
 

@@ -285,6 +285,11 @@ typedef struct specmla_engine_params {
    * SPECMLA_ISA_*: kernel instruction set. Default AUTO.
    */
   uint32_t isa;
+  /**
+   * SPECMLA_KV_*: dtype of a DeepSeek-V3.2 target's index-key cache (the lightning
+   * indexer's keys; ignored for V2 / V3). Default AUTO (the target's `kv_dtype`).
+   */
+  uint32_t index_kv_dtype;
 } specmla_engine_params;
 
 /**

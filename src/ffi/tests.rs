@@ -84,6 +84,15 @@ fn engine_params_are_validated() {
     p.kv_dtype = SPECMLA_KV_FP8_E4M3;
     let c = engine_config(&p).expect("fp8");
     assert_eq!(c.draft_kv_dtype, Some(crate::kv::KvDtype::Fp8E4M3));
+    // the index-key cache follows the target's dtype unless set
+    assert_eq!(c.index_kv_dtype, Some(crate::kv::KvDtype::Fp8E4M3));
+    p.index_kv_dtype = SPECMLA_KV_BF16;
+    assert_eq!(
+        engine_config(&p).expect("bf16 index keys").index_kv_dtype,
+        Some(crate::kv::KvDtype::Bf16)
+    );
+    p.index_kv_dtype = 42;
+    assert!(engine_config(&p).is_err());
     p = engine_defaults();
     p.isa = SPECMLA_ISA_PORTABLE;
     assert_eq!(

@@ -76,6 +76,9 @@ pub struct EngineParams {
     pub mtp: bool,
     /// SPECMLA_ISA_*: kernel instruction set. Default AUTO.
     pub isa: u32,
+    /// SPECMLA_KV_*: dtype of a DeepSeek-V3.2 target's index-key cache (the lightning
+    /// indexer's keys; ignored for V2 / V3). Default AUTO (the target's `kv_dtype`).
+    pub index_kv_dtype: u32,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -275,6 +278,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         prefix_cache: true,
         mtp: false,
         isa: SPECMLA_ISA_AUTO,
+        index_kv_dtype: SPECMLA_KV_AUTO,
     }
 }
 
@@ -371,6 +375,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
     }
     let kv = kv_dtype(p.kv_dtype, KvDtype::F32, "kv_dtype")?;
     let draft_kv = kv_dtype(p.draft_kv_dtype, kv, "draft_kv_dtype")?;
+    let index_kv = kv_dtype(p.index_kv_dtype, kv, "index_kv_dtype")?;
     let isa = match p.isa {
         SPECMLA_ISA_AUTO => None,
         SPECMLA_ISA_PORTABLE => Some(IsaLevel::Portable),
@@ -386,7 +391,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         threads: p.threads as usize,
         kv_dtype: kv,
         draft_kv_dtype: Some(draft_kv),
-        index_kv_dtype: None,
+        index_kv_dtype: Some(index_kv),
         block_size: p.block_size as usize,
         num_blocks: p.kv_num_blocks as usize,
         draft_num_blocks: p.draft_kv_num_blocks as usize,
