@@ -166,3 +166,98 @@ fn v32_chunking_preemption_prefix_cache_and_index_dtype() {
     .unwrap();
     assert_same_outputs("bf16 index keys", &b16, &run(&e, &reqs), &reqs);
 }
+
+/// The target with a synthetic MTP layer (`model.layers.2`): a copy of decoder layer 1 (its
+/// indexer included) plus random eh_proj and unit norms — the shape of DeepSeek-V3.2's MTP
+/// module. The decoder layers are untouched, so plain decoding is the target's.
+fn target_with_mtp() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        use specmla::weights::{WeightSource, WeightStore};
+        let src = target();
+        let dst = std::env::temp_dir().join(format!("specmla-v32-mtp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dst);
+        std::fs::create_dir_all(&dst).unwrap();
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        cfg["num_nextn_predict_layers"] = serde_json::json!(1);
+        std::fs::write(dst.join("config.json"), cfg.to_string()).unwrap();
+        let h = cfg["hidden_size"].as_u64().unwrap() as usize;
+        let st = WeightStore::open(WeightSource::Dir(src.clone())).unwrap();
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut names: Vec<String> = st.names().map(str::to_string).collect();
+        names.sort();
+        for n in &names {
+            let t = st.get(n).unwrap();
+            assert_eq!(t.dtype.to_string().to_uppercase(), "F32", "{n}");
+            tensors.push((n.clone(), t.shape.to_vec(), t.data.to_vec()));
+            if let Some(rest) = n.strip_prefix("model.layers.1.") {
+                tensors.push((format!("model.layers.2.{rest}"), t.shape.to_vec(), t.data.to_vec()));
+            }
+        }
+        let mut x: u32 = 12345;
+        let eh: Vec<f32> = (0..h * 2 * h)
+            .map(|_| {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((x >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.2
+            })
+            .collect();
+        tensors.push(("model.layers.2.eh_proj.weight".into(), vec![h, 2 * h], f32_bytes(&eh)));
+        for norm in ["enorm", "hnorm", "shared_head.norm"] {
+            tensors.push((
+                format!("model.layers.2.{norm}.weight"),
+                vec![h],
+                f32_bytes(&vec![1.0; h]),
+            ));
+        }
+        // safetensors: u64 header length, JSON header, data
+        let mut header = serde_json::Map::new();
+        let mut off = 0usize;
+        for (n, shape, data) in &tensors {
+            header.insert(
+                n.clone(),
+                serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [off, off + data.len()]}),
+            );
+            off += data.len();
+        }
+        let mut hb = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+        while hb.len() % 8 != 0 {
+            hb.push(b' ');
+        }
+        let mut file = (hb.len() as u64).to_le_bytes().to_vec();
+        file.extend(hb);
+        for (_, _, data) in &tensors {
+            file.extend(data);
+        }
+        std::fs::write(dst.join("model.safetensors"), file).unwrap();
+        dst
+    })
+    .clone()
+}
+
+#[test]
+fn v32_mtp_drafter_is_bitwise_lossless() {
+    let reqs = requests(12);
+    let base = baseline(&reqs);
+    for k in [1, 3] {
+        let e = Engine::new(
+            &target_with_mtp(),
+            DraftSource::Mtp,
+            spec_test_cfg(SpecMode::Fixed(k)),
+        )
+        .unwrap();
+        let got = run(&e, &reqs);
+        assert_same_outputs(&format!("v3.2 mtp k={k}"), &base, &got, &reqs);
+        let st = e.stats();
+        assert!(st.totals.drafted_tokens > 0, "the MTP layer drafted");
+        let dkv = st.draft_kv.expect("MTP cache");
+        assert_eq!(
+            dkv.groups.len(),
+            2,
+            "the MTP layer's cache has index keys too"
+        );
+        assert_eq!(dkv.groups[1].num_layers, 1);
+    }
+}
