@@ -90,6 +90,7 @@ fn faulty(i: u32, at_generated: usize, times: u32) -> Request {
     r.fault = Some(Fault {
         at_generated,
         times,
+        ..Fault::default()
     });
     r
 }
@@ -174,4 +175,52 @@ fn a_lone_panicking_request_fails_at_once() {
     let ok = run(&e, vec![request(0)]);
     assert_eq!(ok[0].finish, Some(FinishReason::Length));
     assert_eq!(ok[0].tokens.len(), 10);
+}
+
+/// A request dropped by the unwinding while it sits in no queue (a panic during its admission,
+/// after its prefix-cache match and block reservation) takes its block table with it; after
+/// containment those references are given back: the pool's refcounts match the live tables,
+/// nothing stays in use once every request has finished, and the engine keeps serving.
+#[test]
+fn a_request_dropped_mid_admission_leaks_no_kv_blocks() {
+    for draft in [false, true] {
+        let e = engine(draft);
+        let shared: Vec<u32> = (20..60).collect();
+        let mk = |tail: u32| {
+            let mut t = shared.clone();
+            t.push(tail);
+            let mut r = Request::new(Prompt::Tokens(t));
+            r.sampling.max_tokens = 6;
+            r.sampling.ignore_eos = true;
+            r
+        };
+        let first = run(&e, vec![mk(70)]); // publishes the shared prompt blocks
+        assert_eq!(first[0].finish, Some(FinishReason::Length));
+        let mut bad = mk(71);
+        bad.fault = Some(Fault {
+            at_generated: 0,
+            times: 1,
+            at_admission: true,
+        });
+        let got = run(&e, vec![bad, mk(72)]);
+        match &got[0].finish {
+            Some(FinishReason::Error(m)) => assert!(m.contains("panic"), "{m}"),
+            other => panic!("draft {draft}: the dropped request ended {other:?}"),
+        }
+        assert_eq!(got[1].finish, Some(FinishReason::Length), "draft {draft}");
+        let st = e.stats();
+        assert_eq!(st.panics_contained, 1);
+        assert!(
+            st.kv_blocks_reclaimed >= 2,
+            "draft {draft}: the prefix blocks and the reserved tail came back ({})",
+            st.kv_blocks_reclaimed
+        );
+        e.check_invariants().unwrap();
+        assert_eq!(st.kv.used_blocks, 0, "draft {draft}: blocks still in use");
+        // still serving, with prefix hits
+        let again = run(&e, vec![mk(73)]);
+        assert_eq!(again[0].finish, Some(FinishReason::Length));
+        e.check_invariants().unwrap();
+        assert_eq!(e.stats().kv.used_blocks, 0);
+    }
 }

@@ -16,6 +16,9 @@
 //!   runs is failed after at most two contained panics, and one that panicked once (a transient
 //!   fault) finishes normally.
 //! - The engine's locks are never poisoned by a step (the panic is caught inside the guard).
+//! - No KV block leaks: a request dropped by the unwinding loses its block table, so after
+//!   containment every block reference no live table accounts for is given back (target and
+//!   drafter caches; `EngineStats::kv_blocks_reclaimed` counts them).
 
 use std::any::Any;
 use std::collections::HashSet;
@@ -90,6 +93,9 @@ impl Core {
             .chain(events.iter().map(|e| e.id))
             .collect();
         for id in present.into_iter().filter(|id| !kept.contains(id)) {
+            if let Some(p) = self.proposer.as_mut() {
+                p.release(id);
+            }
             let finish = FinishReason::Error(format!(
                 "internal error: the request was dropped by a contained panic ({msg})"
             ));
@@ -100,6 +106,19 @@ impl Core {
                 ..Default::default()
             });
         }
+        // A request the unwinding dropped took its block table with it: give those references
+        // back, in the target's cache and the drafter's.
+        let live: Vec<&crate::kv::SeqKv> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|r| &r.kv)
+            .collect();
+        let mut reclaimed = self.kv.reclaim_unheld(&live);
+        if let Some(p) = self.proposer.as_mut() {
+            reclaimed += p.reclaim_unheld();
+        }
+        self.kv_blocks_reclaimed += reclaimed as u64;
         events
     }
 

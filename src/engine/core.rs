@@ -73,6 +73,8 @@ pub(crate) struct Core {
     pub step_ids: Vec<u64>,
     /// Panics contained so far (`engine::contain`).
     pub panics_contained: u64,
+    /// KV block references given back after contained panics (requests dropped mid-step).
+    pub kv_blocks_reclaimed: u64,
 }
 
 impl Core {
@@ -227,6 +229,7 @@ impl Core {
                     break;
                 }
             }
+            r.check_fault_at(true);
             self.admitted += 1;
             if r.admitted_seq == u64::MAX {
                 r.admitted_seq = self.admitted;

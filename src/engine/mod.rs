@@ -126,6 +126,9 @@ pub struct EngineStats {
     /// Panics inside a step that were contained (`engine::contain`); each failed at most the
     /// request that caused it.
     pub panics_contained: u64,
+    /// KV block references given back after contained panics (requests the unwinding dropped
+    /// with their block tables).
+    pub kv_blocks_reclaimed: u64,
 }
 
 /// Counters readable without the step lock: live requests, and the most recent finished ones.
@@ -294,6 +297,7 @@ impl Engine {
             present_ids: Vec::new(),
             step_ids: Vec::new(),
             panics_contained: 0,
+            kv_blocks_reclaimed: 0,
         };
         let (tx, rx) = unbounded();
         Ok(Engine {
@@ -528,6 +532,7 @@ impl Engine {
             draft_generation: core.draft_generation,
             drafter: core.proposer.as_ref().map_or("none".into(), |p| p.name()),
             panics_contained: core.panics_contained,
+            kv_blocks_reclaimed: core.kv_blocks_reclaimed,
         }
     }
 

@@ -38,11 +38,14 @@ pub struct Request {
 
 /// An injected fault: the request's step panics (inside verification, after the requests before
 /// it in the batch have committed) once it has generated `at_generated` tokens, `times` times.
+/// With `at_admission` it panics instead while being admitted — after its prefix-cache match and
+/// block reservation, while it sits in no queue (the unwinding drops it with its KV blocks).
 #[doc(hidden)]
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Fault {
     pub at_generated: usize,
     pub times: u32,
+    pub at_admission: bool,
 }
 
 impl Request {
@@ -142,8 +145,15 @@ impl ReqState {
     }
     /// Panics when an injected fault is due (test hook; see [`Fault`]).
     pub fn check_fault(&mut self) {
+        self.check_fault_at(false)
+    }
+    /// The fault check of one site (`admission`: the scheduler's admission, else verification).
+    pub fn check_fault_at(&mut self, admission: bool) {
         if let Some(f) = self.fault.as_mut() {
-            if f.times > 0 && self.tokens.len() - self.prompt_len >= f.at_generated {
+            if f.at_admission == admission
+                && f.times > 0
+                && self.tokens.len() - self.prompt_len >= f.at_generated
+            {
                 f.times -= 1;
                 panic!("injected fault in request {}", self.id);
             }

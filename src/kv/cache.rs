@@ -519,6 +519,31 @@ impl KvCache {
         }
     }
 
+    /// Drop every block reference that no table in `live` accounts for — the references of
+    /// sequences that were lost without `free` (a request dropped by a contained panic). `live`
+    /// must be every sequence of this cache that still exists. Blocks whose count falls to 0
+    /// become free (or evictable while prefix-cached). Returns the references dropped.
+    /// O(num_blocks + table sizes).
+    pub fn reclaim_unheld(&mut self, live: &[&SeqKv]) -> usize {
+        let n = self.cfg.num_blocks;
+        let mut holders = vec![0u32; n];
+        for s in live {
+            for &b in &s.blocks {
+                if let Some(h) = holders.get_mut(b as usize) {
+                    *h += 1;
+                }
+            }
+        }
+        let mut dropped = 0;
+        for b in 0..n as u32 {
+            while self.alloc.refcount(b) > holders[b as usize] {
+                self.release(b);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
     /// Reference count of a physical block (diagnostics and tests).
     pub fn block_refcount(&self, block: u32) -> u32 {
         self.alloc.refcount(block)

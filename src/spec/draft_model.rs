@@ -254,6 +254,11 @@ impl Proposer for DraftModelProposer {
         Some(self.kv.stats())
     }
 
+    fn reclaim_unheld(&mut self) -> usize {
+        let live: Vec<&SeqKv> = self.seqs.values().map(|s| &s.kv).collect();
+        self.kv.reclaim_unheld(&live)
+    }
+
     fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
         let Some(s) = self.seqs.get(&id) else {
             return Ok(());

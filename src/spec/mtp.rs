@@ -242,6 +242,11 @@ impl Proposer for MtpProposer {
         Some(self.kv.stats())
     }
 
+    fn reclaim_unheld(&mut self) -> usize {
+        let live: Vec<&SeqKv> = self.seqs.values().map(|s| &s.kv).collect();
+        self.kv.reclaim_unheld(&live)
+    }
+
     fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
         match self.seqs.get(&id) {
             Some(s) if s.kv.len() + 1 > context.len().max(1) => Err(format!(

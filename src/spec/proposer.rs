@@ -71,6 +71,11 @@ pub trait Proposer: Send {
     fn kv_stats(&self) -> Option<KvStats> {
         None
     }
+    /// After a contained panic: drop the KV block references of sequences it lost track of (see
+    /// `KvCache::reclaim_unheld`); returns how many.
+    fn reclaim_unheld(&mut self) -> usize {
+        0
+    }
     /// Check the proposer's state for a request against its committed context (tests): whatever
     /// it cached must be a prefix of `context`.
     fn check(&self, _id: u64, _context: &[u32]) -> std::result::Result<(), String> {
