@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use common::repo;
 use specmla::engine::{
-    DraftSource, Engine, EngineConfig, Event, Fault, FinishReason, Prompt, Request,
+    DraftSource, Engine, EngineConfig, Event, Fault, FaultSite, FinishReason, Prompt, Request,
 };
 use specmla::kv::KvDtype;
 use specmla::spec::SpecMode;
@@ -200,7 +200,7 @@ fn a_request_dropped_mid_admission_leaks_no_kv_blocks() {
         bad.fault = Some(Fault {
             at_generated: 0,
             times: 1,
-            at_admission: true,
+            site: FaultSite::Admission,
         });
         let got = run(&e, vec![bad, mk(72)]);
         match &got[0].finish {
@@ -223,4 +223,49 @@ fn a_request_dropped_mid_admission_leaks_no_kv_blocks() {
         e.check_invariants().unwrap();
         assert_eq!(e.stats().kv.used_blocks, 0);
     }
+}
+
+/// A panic inside the drafter fails nobody: drafting is switched off (plain decoding, so every
+/// request's tokens and log-probs are bitwise those without a drafter), the stats say why, and
+/// a later swap brings drafting back.
+#[test]
+fn a_panicking_drafter_is_switched_off_and_outputs_stay_the_same() {
+    let base = run(&engine(false), (0..4).map(request).collect());
+    let e = engine(true);
+    let mut reqs: Vec<Request> = (0..4).map(request).collect();
+    reqs[2].fault = Some(Fault {
+        at_generated: 2,
+        times: 1,
+        site: FaultSite::Draft,
+    });
+    let got = run(&e, reqs);
+    for (i, (g, b)) in got.iter().zip(&base).enumerate() {
+        assert_eq!(g.finish, Some(FinishReason::Length), "request {i}");
+        assert_eq!(g.tokens, b.tokens, "request {i}: tokens changed");
+        assert!(
+            g.logprobs
+                .iter()
+                .zip(&b.logprobs)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "request {i}: log-probs changed"
+        );
+    }
+    let st = e.stats();
+    assert_eq!(st.drafter_panics, 1);
+    assert_eq!(st.panics_contained, 0, "nothing failed");
+    assert_eq!(st.drafter, "none");
+    assert!(st
+        .drafter_disabled
+        .as_deref()
+        .is_some_and(|m| m.contains("injected fault")));
+    e.check_invariants().unwrap();
+    // a swap installs a drafter again
+    e.set_draft_weights_blocking(DraftSource::Dir(repo().join("models/golden/v3_bf16")))
+        .unwrap();
+    let again = run(&e, (4..6).map(request).collect());
+    assert!(again.iter().all(|o| o.finish == Some(FinishReason::Length)));
+    let st = e.stats();
+    assert!(st.drafter_disabled.is_none());
+    assert_ne!(st.drafter, "none");
+    assert!(st.totals.accepted_tokens > 0, "drafting resumed");
 }

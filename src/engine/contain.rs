@@ -19,6 +19,9 @@
 //! - No KV block leaks: a request dropped by the unwinding loses its block table, so after
 //!   containment every block reference no live table accounts for is given back (target and
 //!   drafter caches; `EngineStats::kv_blocks_reclaimed` counts them).
+//! - A panic inside the drafter (propose, hidden-state hand-over, commit notification) is caught
+//!   where it happens (`Core::disable_drafter`): drafting is switched off for every request —
+//!   plain decoding, the same greedy bits — instead of failing them; a swap re-enables it.
 
 use std::any::Any;
 use std::collections::HashSet;

@@ -21,7 +21,7 @@ use crate::spec::{
 };
 use crate::tokenizer::Tokenizer;
 
-use super::request::{Event, FinishReason, ReqState};
+use super::request::{Event, FaultSite, FinishReason, ReqState};
 use super::EngineConfig;
 
 /// The adaptive policy's acceptance prior for a drafter nothing has been measured of.
@@ -75,6 +75,10 @@ pub(crate) struct Core {
     pub panics_contained: u64,
     /// KV block references given back after contained panics (requests dropped mid-step).
     pub kv_blocks_reclaimed: u64,
+    /// Panics inside the drafter (each switched drafting off instead of failing requests).
+    pub drafter_panics: u64,
+    /// Why drafting was switched off, until a new drafter is installed.
+    pub drafter_disabled: Option<String>,
 }
 
 impl Core {
@@ -229,7 +233,7 @@ impl Core {
                     break;
                 }
             }
-            r.check_fault_at(true);
+            r.check_fault_at(FaultSite::Admission);
             self.admitted += 1;
             if r.admitted_seq == u64::MAX {
                 r.admitted_seq = self.admitted;
@@ -300,6 +304,17 @@ impl Core {
         if asks.is_empty() {
             return Ok(proposals);
         }
+        // Test hook: an injected drafter fault (as if the drafter panicked on this request).
+        let running = &mut self.running;
+        let injected = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for &j in &asks {
+                running[plan[j].idx].check_fault_at(FaultSite::Draft);
+            }
+        }));
+        if let Err(payload) = injected {
+            self.disable_drafter(&super::contain::panic_message(&*payload));
+            return Ok(proposals);
+        }
         let t0 = Instant::now();
         let reqs: Vec<ProposeRequest> = asks
             .iter()
@@ -315,7 +330,19 @@ impl Core {
             })
             .collect();
         let proposer = self.proposer.as_mut().expect("proposer");
-        let props = proposer.propose(&reqs)?;
+        // A panic inside the drafter must not fail the requests: drafting is switched off
+        // (plain decoding, the same greedy output) and the step goes on without drafts.
+        let caught =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| proposer.propose(&reqs)));
+        drop(reqs);
+        let props = match caught {
+            Ok(p) => p?,
+            Err(payload) => {
+                self.disable_drafter(&super::contain::panic_message(&*payload));
+                return Ok(proposals);
+            }
+        };
+        let proposer = self.proposer.as_mut().expect("proposer");
         let secs = t0.elapsed().as_secs_f64();
         if proposer.has_model() {
             self.time_draft_s += secs;
@@ -419,13 +446,29 @@ impl Core {
             return;
         }
         let h = self.model.config.hidden_size;
-        let mut row0 = 0;
-        for (p, inp) in plan.iter().zip(inputs) {
-            let r = &self.running[p.idx];
-            let n = inp.len();
-            pr.on_target_hidden(r.id, r.kv.len(), inp, &hidden[row0 * h..(row0 + n) * h]);
-            row0 += n;
+        let running = &self.running;
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut row0 = 0;
+            for (p, inp) in plan.iter().zip(inputs) {
+                let r = &running[p.idx];
+                let n = inp.len();
+                pr.on_target_hidden(r.id, r.kv.len(), inp, &hidden[row0 * h..(row0 + n) * h]);
+                row0 += n;
+            }
+        }));
+        if let Err(payload) = caught {
+            self.disable_drafter(&super::contain::panic_message(&*payload));
         }
+    }
+
+    /// The drafter panicked: drop it (its KV pool with it) and decode without drafts from now
+    /// on — outputs are unchanged (greedy bitwise, sampled in distribution); a later
+    /// `set_draft_weights` installs a new drafter as usual.
+    fn disable_drafter(&mut self, msg: &str) {
+        self.proposer = None;
+        self.draft_generation += 1;
+        self.drafter_panics += 1;
+        self.drafter_disabled = Some(msg.to_string());
     }
 
     /// Verify and commit, per planned request and position: forced budget token, else greedy
@@ -560,7 +603,13 @@ impl Core {
             publish_prefix(&mut self.kv, r, self.cfg.prefix_cache);
             if let Some(pr) = self.proposer.as_mut() {
                 if n > 0 {
-                    pr.on_commit(r.id, &r.tokens);
+                    let tokens = &r.tokens;
+                    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        pr.on_commit(r.id, tokens)
+                    }));
+                    if let Err(payload) = caught {
+                        self.disable_drafter(&super::contain::panic_message(&*payload));
+                    }
                 }
             }
         }

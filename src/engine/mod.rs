@@ -30,7 +30,7 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use self::core::Core;
 use request::ReqState;
-pub use request::{Event, Fault, FinishReason, Prompt, Request};
+pub use request::{Event, Fault, FaultSite, FinishReason, Prompt, Request};
 pub use swap::{DraftSource, SwapStatus};
 
 /// A mutex guard even if a thread panicked while holding it: every engine lock guards data that
@@ -129,6 +129,11 @@ pub struct EngineStats {
     /// KV block references given back after contained panics (requests the unwinding dropped
     /// with their block tables).
     pub kv_blocks_reclaimed: u64,
+    /// Panics inside the drafter: each switched drafting off (plain decoding, outputs unchanged)
+    /// instead of failing requests.
+    pub drafter_panics: u64,
+    /// Why drafting is off, until `set_draft_weights` installs a new drafter.
+    pub drafter_disabled: Option<String>,
 }
 
 /// Counters readable without the step lock: live requests, and the most recent finished ones.
@@ -298,6 +303,8 @@ impl Engine {
             step_ids: Vec::new(),
             panics_contained: 0,
             kv_blocks_reclaimed: 0,
+            drafter_panics: 0,
+            drafter_disabled: None,
         };
         let (tx, rx) = unbounded();
         Ok(Engine {
@@ -533,6 +540,8 @@ impl Engine {
             drafter: core.proposer.as_ref().map_or("none".into(), |p| p.name()),
             panics_contained: core.panics_contained,
             kv_blocks_reclaimed: core.kv_blocks_reclaimed,
+            drafter_panics: core.drafter_panics,
+            drafter_disabled: core.drafter_disabled.clone(),
         }
     }
 

@@ -36,16 +36,28 @@ pub struct Request {
     pub fault: Option<Fault>,
 }
 
-/// An injected fault: the request's step panics (inside verification, after the requests before
-/// it in the batch have committed) once it has generated `at_generated` tokens, `times` times.
-/// With `at_admission` it panics instead while being admitted — after its prefix-cache match and
-/// block reservation, while it sits in no queue (the unwinding drops it with its KV blocks).
+/// An injected fault: the request's step panics at `site` once it has generated `at_generated`
+/// tokens, `times` times.
 #[doc(hidden)]
 #[derive(Clone, Debug, Default)]
 pub struct Fault {
     pub at_generated: usize,
     pub times: u32,
-    pub at_admission: bool,
+    pub site: FaultSite,
+}
+
+/// Where an injected fault fires.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultSite {
+    /// Inside verification, after the requests before it in the batch have committed.
+    #[default]
+    Verify,
+    /// While being admitted — after its prefix-cache match and block reservation, while it sits
+    /// in no queue (the unwinding drops it with its KV blocks).
+    Admission,
+    /// Inside the drafter's call for this step (as if the drafter panicked on this request).
+    Draft,
 }
 
 impl Request {
@@ -145,12 +157,12 @@ impl ReqState {
     }
     /// Panics when an injected fault is due (test hook; see [`Fault`]).
     pub fn check_fault(&mut self) {
-        self.check_fault_at(false)
+        self.check_fault_at(FaultSite::Verify)
     }
-    /// The fault check of one site (`admission`: the scheduler's admission, else verification).
-    pub fn check_fault_at(&mut self, admission: bool) {
+    /// The fault check of one site.
+    pub fn check_fault_at(&mut self, site: FaultSite) {
         if let Some(f) = self.fault.as_mut() {
-            if f.at_admission == admission
+            if f.site == site
                 && f.times > 0
                 && self.tokens.len() - self.prompt_len >= f.at_generated
             {

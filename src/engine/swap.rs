@@ -268,6 +268,7 @@ impl Swaps {
         for r in ready {
             core.proposer = r.proposer;
             core.draft_generation += 1;
+            core.drafter_disabled = None;
             core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR; // a new drafter: no evidence yet
             core.draft_cost = Default::default();
             core.guard = Default::default();
