@@ -318,13 +318,17 @@ fn mha(
                 *st = (*st + *spv) * scale;
             }
             if let Some(sel) = &sels[i0 + i] {
-                // Sparse row: keys outside the selection get probability exactly 0 (the row
-                // still starts at key 0, so its softmax and value sum keep one order).
-                let mut masked = vec![f32::NEG_INFINITY; len]; // [len]
-                for &s in sel {
-                    masked[s as usize] = row[s as usize];
+                // Sparse row: keys outside the selection (ascending positions) get probability
+                // exactly 0; the row still starts at key 0, so its softmax and value sum keep
+                // one order.
+                let mut next = sel.iter().copied().peekable();
+                for (s, x) in row.iter_mut().enumerate() {
+                    if next.peek() == Some(&(s as u32)) {
+                        next.next();
+                    } else {
+                        *x = f32::NEG_INFINITY;
+                    }
                 }
-                row.copy_from_slice(&masked);
             }
             softmax_inplace(row);
         }
