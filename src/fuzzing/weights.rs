@@ -3,10 +3,12 @@
 //! `Model::load` -> one forward over three tokens (two on the MHA path, one absorbed). Also the
 //! generator of the seed checkpoints the corpus starts from (`seed_checkpoint`, `seed_index`).
 //!
-//! Input layout: byte 0 picks the fixed config (modulo 3: 0 = V2-style dense with `q_proj`,
-//! tied embeddings, f32 / bf16 / f16 weights; 1 = V3 MoE (noaux_tc) with q-LoRA, 2x2 block-fp8
-//! weights, YaRN and one MTP layer; 2 = V3 MoE (group-limited softmax routing, no shared expert)
-//! with `q_proj`, tied embeddings and 4x3 fp8 blocks that split a head of `kv_b_proj`); the rest is one `model.safetensors` (`safetensors`), or a
+//! Input layout: byte 0 picks the fixed config (low 7 bits modulo [`FIXED_CONFIGS`]: 0 = V2-style
+//! dense with `q_proj`, tied embeddings, f32 / bf16 / f16 weights; 1 = V3 MoE (noaux_tc) with
+//! q-LoRA, 2x2 block-fp8 weights, YaRN and one MTP layer; 2 = V3 MoE (group-limited softmax
+//! routing, no shared expert) with `q_proj`, tied embeddings and 4x3 fp8 blocks that split a head
+//! of `kv_b_proj`; 3 = V3 MoE with 32 experts in 4 groups; 4 = V3.2 with the lightning indexer
+//! and index_topk 1, so both attention paths run sparse); the rest is one `model.safetensors` (`safetensors`), or a
 //! `model.safetensors.index.json` followed by shards, each introduced by [`SHARD_SEPARATOR`] and
 //! named `model-0000{i}.safetensors` from 1 (`sharded`).
 
@@ -53,8 +55,15 @@ const MOE_32_CONFIG: &str = r#"{"model_type":"deepseek_v3","vocab_size":8,"hidde
 "max_position_embeddings":16,"n_routed_experts":32,"n_shared_experts":1,"num_experts_per_tok":4,
 "n_group":4,"topk_group":2,"moe_intermediate_size":2,"first_k_dense_replace":0}"#;
 
+/// DeepSeek-V3.2 with an index_topk of 1: of the forward's three tokens the last two attend to
+/// one key each, on both the MHA and the absorbed path (index keys and selection fuzzed too).
+const V32_CONFIG: &str = r#"{"model_type":"deepseek_v32","vocab_size":8,"hidden_size":4,
+"intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":1,"q_lora_rank":2,
+"kv_lora_rank":2,"qk_nope_head_dim":2,"qk_rope_head_dim":2,"v_head_dim":2,
+"max_position_embeddings":16,"index_n_heads":2,"index_head_dim":2,"index_topk":1}"#;
+
 /// Number of fixed configs (`selector % FIXED_CONFIGS`).
-pub const FIXED_CONFIGS: u8 = 4;
+pub const FIXED_CONFIGS: u8 = 5;
 
 /// The fixed config byte `selector` picks (see the module doc).
 fn fixed_config(selector: u8) -> ModelConfig {
@@ -62,7 +71,8 @@ fn fixed_config(selector: u8) -> ModelConfig {
         0 => DENSE_CONFIG,
         1 => MOE_FP8_CONFIG,
         2 => MOE_ODD_FP8_CONFIG,
-        _ => MOE_32_CONFIG,
+        3 => MOE_32_CONFIG,
+        _ => V32_CONFIG,
     };
     ModelConfig::from_json_str(text).expect("the fuzz harness's fixed configs are valid")
 }
