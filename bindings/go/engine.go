@@ -171,6 +171,30 @@ func (e *Engine) SetDraftMTP(wait bool) (uint64, error) {
 	return e.swap(&src, wait)
 }
 
+// SetDraftNone removes the drafter (plain decoding from the next step on).
+func (e *Engine) SetDraftNone(wait bool) (uint64, error) {
+	src := C.specmla_draft_source_default()
+	src.kind = C.SPECMLA_DRAFT_NONE
+	return e.swap(&src, wait)
+}
+
+// SetDraftNgram swaps in the n-gram (prompt lookup) drafter matching minN..maxN tokens.
+func (e *Engine) SetDraftNgram(minN, maxN uint32, wait bool) (uint64, error) {
+	src := C.specmla_draft_source_default()
+	src.kind = C.SPECMLA_DRAFT_NGRAM
+	src.ngram_min_n = C.uint32_t(minN)
+	src.ngram_max_n = C.uint32_t(maxN)
+	return e.swap(&src, wait)
+}
+
+// HasWork reports whether any request is queued or running.
+func (e *Engine) HasWork() (bool, error) {
+	var b C.bool
+	h := e.handle()
+	err := call(func() C.enum_specmla_status { return C.specmla_engine_has_work(h, &b) })
+	return bool(b), err
+}
+
 // SwapStatus of a ticket; reason says why it failed.
 func (e *Engine) SwapStatus(ticket uint64) (state SwapState, generation uint64, reason string, err error) {
 	var st C.enum_specmla_swap_state

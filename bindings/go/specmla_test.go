@@ -267,3 +267,60 @@ func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
 		t.Fatalf("after a swap to MTP %v != plain %v", got.Tokens, ref.Tokens)
 	}
 }
+
+// The n-gram and no-drafter swaps keep greedy outputs; HasWork follows the queue.
+func TestNgramAndNoneSwapsAndHasWork(t *testing.T) {
+	s := load(t)
+	e := s.engine(t)
+	ref := s.run(t, e, false, -1)
+	if busy, err := e.HasWork(); err != nil || busy {
+		t.Fatalf("idle engine: HasWork %v %v", busy, err)
+	}
+	if _, err := e.SetDraftNgram(1, 3, true); err != nil {
+		t.Fatal(err)
+	}
+	var id uint64
+	var err error
+	if s.prompt != "" {
+		id, err = e.SubmitText(s.prompt, s.opts(true, -1))
+	} else {
+		id, err = e.Submit(s.ids, s.opts(true, -1))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy, err := e.HasWork(); err != nil || !busy {
+		t.Fatalf("queued request: HasWork %v %v", busy, err)
+	}
+	var got []uint32
+	for busy := true; busy; {
+		evs, err := e.Step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			if ev.RequestID == id {
+				got = append(got, ev.Tokens...)
+			}
+		}
+		if busy, err = e.HasWork(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !reflect.DeepEqual(got, ref.Tokens) {
+		t.Fatalf("n-gram drafter changed the output: %v != %v", got, ref.Tokens)
+	}
+	if _, err := e.SetDraftNgram(5, 2, true); err == nil {
+		t.Fatal("n-gram range 5..2 accepted")
+	}
+	if _, err := e.SetDraftNone(true); err != nil {
+		t.Fatal(err)
+	}
+	// the swap lands between two steps: after the next run the drafter is gone
+	if again := s.run(t, e, true, -1); !reflect.DeepEqual(again.Tokens, ref.Tokens) {
+		t.Fatalf("without a drafter %v != %v", again.Tokens, ref.Tokens)
+	}
+	if st, err := e.Stats(); err != nil || st.HasDrafter || st.DraftGeneration < 2 {
+		t.Fatalf("after SetDraftNone: %+v %v", st, err)
+	}
+}
