@@ -492,6 +492,33 @@ typedef struct specmla_counters {
 } specmla_counters;
 
 /**
+ * Failure-containment counters (`specmla_engine_health`). Versioned: the caller sets
+ * `struct_size` to sizeof(specmla_health) as it compiled it; fields past it are not written.
+ */
+typedef struct specmla_health {
+  /**
+   * sizeof(specmla_health) as the caller compiled it (set it before the call).
+   */
+  size_t struct_size;
+  /**
+   * Panics inside a step that were contained; each failed at most the request causing it.
+   */
+  uint64_t panics_contained;
+  /**
+   * KV block references given back after contained panics (requests dropped mid-step).
+   */
+  uint64_t kv_blocks_reclaimed;
+  /**
+   * Panics inside the drafter; each switched drafting off (outputs unchanged).
+   */
+  uint64_t drafter_panics;
+  /**
+   * Drafting is off after a drafter panic, until a swap installs a new drafter.
+   */
+  bool drafter_disabled;
+} specmla_health;
+
+/**
  * Engine-wide statistics.
  */
 typedef struct specmla_stats {
@@ -681,6 +708,17 @@ enum specmla_status specmla_engine_swap_status(struct specmla_engine *engine,
 enum specmla_status specmla_engine_request_counters(struct specmla_engine *engine,
                                                     uint64_t request_id,
                                                     struct specmla_counters *out);
+
+/**
+ * Failure-containment counters into `*out` (`out->struct_size` must be set to
+ * sizeof(specmla_health); only that many bytes are written, so older callers stay valid).
+ * Waits for a running step to finish.
+ *
+ * # Safety
+ * `out` must point to at least `out->struct_size` writable bytes.
+ */
+enum specmla_status specmla_engine_health(struct specmla_engine *engine,
+                                          struct specmla_health *out);
 
 /**
  * Engine-wide statistics into `*out`. Waits for a running step to finish.

@@ -423,6 +423,42 @@ pub unsafe extern "C" fn specmla_engine_request_counters(
     })
 }
 
+/// Failure-containment counters into `*out` (`out->struct_size` must be set to
+/// sizeof(specmla_health); only that many bytes are written, so older callers stay valid).
+/// Waits for a running step to finish.
+///
+/// # Safety
+/// `out` must point to at least `out->struct_size` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn specmla_engine_health(
+    engine: *mut EngineHandle,
+    out: *mut Health,
+) -> Status {
+    call(|| {
+        let o = out_ptr(out, "out")?;
+        // SAFETY: `o` is non-NULL; its first field is the caller's struct_size.
+        let declared = unsafe { std::ptr::read_unaligned(o as *const usize) };
+        if declared < std::mem::size_of::<usize>() {
+            return Err(FfiError::invalid(format!(
+                "out->struct_size {declared} is too small (set it to sizeof(specmla_health))"
+            )));
+        }
+        let h = handle::get(engine)?;
+        let s = h.engine.stats();
+        let v = Health {
+            struct_size: std::mem::size_of::<Health>().min(declared),
+            panics_contained: s.panics_contained,
+            kv_blocks_reclaimed: s.kv_blocks_reclaimed,
+            drafter_panics: s.drafter_panics,
+            drafter_disabled: s.drafter_disabled.is_some(),
+        };
+        let n = declared.min(std::mem::size_of::<Health>());
+        // SAFETY: the caller guarantees `declared` writable bytes; we write at most that many.
+        unsafe { std::ptr::copy_nonoverlapping(&v as *const Health as *const u8, o as *mut u8, n) };
+        Ok(())
+    })
+}
+
 /// Engine-wide statistics into `*out`. Waits for a running step to finish.
 ///
 /// # Safety

@@ -199,6 +199,23 @@ pub struct Stats {
     pub has_drafter: bool,
 }
 
+/// Failure-containment counters (`specmla_engine_health`). Versioned: the caller sets
+/// `struct_size` to sizeof(specmla_health) as it compiled it; fields past it are not written.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Health {
+    /// sizeof(specmla_health) as the caller compiled it (set it before the call).
+    pub struct_size: usize,
+    /// Panics inside a step that were contained; each failed at most the request causing it.
+    pub panics_contained: u64,
+    /// KV block references given back after contained panics (requests dropped mid-step).
+    pub kv_blocks_reclaimed: u64,
+    /// Panics inside the drafter; each switched drafting off (outputs unchanged).
+    pub drafter_panics: u64,
+    /// Drafting is off after a drafter panic, until a swap installs a new drafter.
+    pub drafter_disabled: bool,
+}
+
 /// Why a request finished (NONE: it has not).
 #[repr(C)]
 #[allow(non_camel_case_types)]

@@ -1,6 +1,7 @@
 /* C ABI misuse suite: NULL pointers, freed and foreign handles, too-small buffers, invalid UTF-8,
  * bad params, unknown request ids, bad draft weights. Every call must fail cleanly with the
  * documented status (no crash, no leak) — run under AddressSanitizer/LeakSanitizer. */
+#include <stddef.h>
 #include "common.h"
 
 static int g_log_lines = 0;
@@ -77,6 +78,25 @@ int main(void) {
   CHECK_STATUS(specmla_engine_submit(eng, e.prompt_ids, e.n_prompt_ids, "both", NULL, &id), SPECMLA_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(specmla_engine_step(eng, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_stats(eng, NULL), SPECMLA_ERR_NULL_POINTER);
+  CHECK_STATUS(specmla_engine_health(eng, NULL), SPECMLA_ERR_NULL_POINTER);
+  {
+    /* health: versioned by struct_size; a too-small size is refused, an older (shorter) struct
+       gets only its own fields written, a full one gets zeros on a healthy engine */
+    specmla_health h;
+    memset(&h, 0xAB, sizeof h);
+    h.struct_size = 1;
+    CHECK_STATUS(specmla_engine_health(eng, &h), SPECMLA_ERR_INVALID_ARGUMENT);
+    memset(&h, 0xAB, sizeof h);
+    h.struct_size = offsetof(specmla_health, kv_blocks_reclaimed);
+    CHECK_OK(specmla_engine_health(eng, &h));
+    CHECK(h.panics_contained == 0);
+    CHECK(h.kv_blocks_reclaimed == 0xABABABABABABABABull); /* past its struct_size: untouched */
+    h.struct_size = sizeof h;
+    CHECK_OK(specmla_engine_health(eng, &h));
+    CHECK(h.struct_size == sizeof h && h.panics_contained == 0 && h.kv_blocks_reclaimed == 0 &&
+          h.drafter_panics == 0 && !h.drafter_disabled);
+    CHECK_STATUS(specmla_engine_health(foreign, &h), SPECMLA_ERR_INVALID_HANDLE);
+  }
   CHECK_STATUS(specmla_engine_request_counters(eng, 1, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_set_draft_weights(eng, NULL, true, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_swap_status(eng, 1, NULL, NULL), SPECMLA_ERR_NULL_POINTER);
