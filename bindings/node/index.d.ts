@@ -104,6 +104,13 @@ export declare class Engine {
   swapStatus(ticket: number): SwapStatus;
   counters(id: number): Counters;
   stats(): Stats;
+  /** Failure containment counters; drafterDisabled: drafting is off after a drafter panic. */
+  health(): {
+    panicsContained: number;
+    kvBlocksReclaimed: number;
+    drafterPanics: number;
+    drafterDisabled: boolean;
+  };
   tokenize(text: string, addSpecial?: boolean): number[];
   detokenize(ids: number[] | Uint32Array, skipSpecial?: boolean): string;
   close(): void;

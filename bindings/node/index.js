@@ -69,6 +69,11 @@ class Engine {
     return native.stats(this._h);
   }
 
+  // Failure containment: { panicsContained, kvBlocksReclaimed, drafterPanics, drafterDisabled }.
+  health() {
+    return native.health(this._h);
+  }
+
   tokenize(text, addSpecial = false) {
     return native.tokenize(this._h, text, addSpecial);
   }

@@ -202,6 +202,14 @@ class Engine {
     check(specmla_engine_stats(h_, &s));
     return s;
   }
+  // Failure containment: panics contained, KV block references reclaimed, drafter panics,
+  // whether drafting is off after one.
+  specmla_health health() const {
+    specmla_health h{};
+    h.struct_size = sizeof h;
+    check(specmla_engine_health(h_, &h));
+    return h;
+  }
 
   std::vector<uint32_t> tokenize(std::string_view text, bool add_special = false) const {
     std::string t(text);

@@ -156,6 +156,11 @@ TEST(Engine, DraftSwapMidRun) {
   EXPECT_FALSE(f.reason.empty());
   EXPECT_EQ(s.run(e, true).tokens, ref.tokens);
   EXPECT_GE(e.stats().draft_generation, 2u);
+  const specmla_health h = e.health();
+  EXPECT_EQ(h.panics_contained, 0u);
+  EXPECT_EQ(h.kv_blocks_reclaimed, 0u);
+  EXPECT_EQ(h.drafter_panics, 0u);
+  EXPECT_FALSE(h.drafter_disabled);
 }
 
 TEST(Engine, ErrorsAndMoveSemantics) {

@@ -629,6 +629,22 @@ static napi_value js_stats(napi_env env, napi_callback_info info) {
   return o;
 }
 
+static napi_value js_health(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  specmla_health h;
+  memset(&h, 0, sizeof h);
+  h.struct_size = sizeof h;
+  if (fail(env, specmla_engine_health(b->eng, &h))) return NULL;
+  napi_value o, off;
+  napi_create_object(env, &o);
+  set_num(env, o, "panicsContained", (double)h.panics_contained);
+  set_num(env, o, "kvBlocksReclaimed", (double)h.kv_blocks_reclaimed);
+  set_num(env, o, "drafterPanics", (double)h.drafter_panics);
+  napi_get_boolean(env, h.drafter_disabled, &off);
+  napi_set_named_property(env, o, "drafterDisabled", off);
+  return o;
+}
+
 static napi_value js_tokenize(napi_env env, napi_callback_info info) {
   ARGS(3);
   char *text = argc >= 2 ? get_string(env, argv[1]) : NULL;
@@ -685,6 +701,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"swapStatus", NULL, js_swap_status, NULL, NULL, NULL, napi_default, NULL},
       {"counters", NULL, js_counters, NULL, NULL, NULL, napi_default, NULL},
       {"stats", NULL, js_stats, NULL, NULL, NULL, napi_default, NULL},
+      {"health", NULL, js_health, NULL, NULL, NULL, napi_default, NULL},
       {"tokenize", NULL, js_tokenize, NULL, NULL, NULL, napi_default, NULL},
       {"detokenize", NULL, js_detokenize, NULL, NULL, NULL, napi_default, NULL},
   };

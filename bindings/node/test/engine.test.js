@@ -97,6 +97,12 @@ test('draft swap mid-run keeps greedy output; bad weights are refused', async ()
   assert.ok(f.reason.length > 0);
   assert.deepEqual((await e.generate(prompt(), opts(true))).tokens, ref.tokens);
   assert.ok(e.stats().draftGeneration >= 2);
+  assert.deepStrictEqual(e.health(), {
+    panicsContained: 0,
+    kvBlocksReclaimed: 0,
+    drafterPanics: 0,
+    drafterDisabled: false,
+  });
   e.close();
 });
 
