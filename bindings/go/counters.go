@@ -67,6 +67,28 @@ func (e *Engine) Stats() (Stats, error) {
 	}, nil
 }
 
+// Health holds the failure-containment counters.
+type Health struct {
+	PanicsContained   uint64 // panics inside a step, each failing at most the request causing it
+	KVBlocksReclaimed uint64 // KV block references given back after them
+	DrafterPanics     uint64 // drafter panics, each switching drafting off (outputs unchanged)
+	DrafterDisabled   bool   // drafting is off until a swap installs a new drafter
+}
+
+// Health waits for a running step, then reports the failure-containment counters.
+func (e *Engine) Health() (Health, error) {
+	var s C.specmla_health
+	s.struct_size = C.size_t(unsafe.Sizeof(s))
+	h := e.handle()
+	if err := call(func() C.enum_specmla_status { return C.specmla_engine_health(h, &s) }); err != nil {
+		return Health{}, err
+	}
+	return Health{
+		PanicsContained: uint64(s.panics_contained), KVBlocksReclaimed: uint64(s.kv_blocks_reclaimed),
+		DrafterPanics: uint64(s.drafter_panics), DrafterDisabled: bool(s.drafter_disabled),
+	}, nil
+}
+
 // Tokenize text with the engine's tokenizer.
 func (e *Engine) Tokenize(text string, addSpecial bool) ([]uint32, error) {
 	ct := C.CString(text)

@@ -323,4 +323,7 @@ func TestNgramAndNoneSwapsAndHasWork(t *testing.T) {
 	if st, err := e.Stats(); err != nil || st.HasDrafter || st.DraftGeneration < 2 {
 		t.Fatalf("after SetDraftNone: %+v %v", st, err)
 	}
+	if h, err := e.Health(); err != nil || h != (Health{}) {
+		t.Fatalf("healthy engine: %+v %v", h, err)
+	}
 }
