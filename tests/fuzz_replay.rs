@@ -176,11 +176,6 @@ fn regenerate_seed_corpus() {
         "golden/v2_group_limited",
         "golden/v3_bf16",
         "golden/v3_fp8",
-    ] {
-        let text = std::fs::read(models.join(dir).join("config.json")).unwrap();
-        write("config", &format!("{}.json", dir.replace('/', "_")), &text);
-    }
-    for dir in [
         "golden/v3_yarn",
         "golden/v3_tied",
         "golden/v3_dense3",

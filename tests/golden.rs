@@ -163,18 +163,7 @@ fn quantised_kv_caches_stay_close() {
     ] {
         let mut kv = kv_for(&model, dt, 64);
         let got = run_chunked(&model, &mut kv, &ids, 1, 0);
-        let mut row_err: Vec<f32> = got
-            .chunks(vocab)
-            .zip(reference.chunks(vocab))
-            .map(|(a, b)| max_abs_diff(a, b))
-            .collect();
-        let agree = got
-            .chunks(vocab)
-            .zip(reference.chunks(vocab))
-            .filter(|(a, b)| specmla::sampling::argmax(a) == specmla::sampling::argmax(b))
-            .count();
-        row_err.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let median = row_err[row_err.len() / 2];
+        let (median, agree) = median_row_error_and_agreement(&got, &reference, vocab);
         assert!(median < bound, "{dt:?}: median row max-diff {median}");
         assert!(
             agree as f64 >= min_agree * ids.len() as f64,

@@ -133,18 +133,7 @@ fn quantised_index_keys_stay_close() {
         assert_eq!(s.groups[1].kind, "index_key");
         assert_eq!(s.groups[1].dtype, dt);
         let got = run_chunked(&model, &mut kv, &ids, 1, 0);
-        let mut rows: Vec<f32> = got
-            .chunks(vocab)
-            .zip(reference.chunks(vocab))
-            .map(|(a, b)| max_abs_diff(a, b))
-            .collect();
-        let agree = got
-            .chunks(vocab)
-            .zip(reference.chunks(vocab))
-            .filter(|(a, b)| specmla::sampling::argmax(a) == specmla::sampling::argmax(b))
-            .count();
-        rows.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        let median = rows[rows.len() / 2];
+        let (median, agree) = median_row_error_and_agreement(&got, &reference, vocab);
         assert!(median < bound, "{dt:?}: median row error {median}");
         assert!(
             agree * 10 >= ids.len() * 7,

@@ -66,21 +66,29 @@ pub(crate) fn parse_indexer(o: &Obj<'_>, rope_dim: usize) -> Result<IndexerConfi
     })
 }
 
-/// `layer_types` (transformers: `indexed_attention` per decoder layer): absent, or exactly
-/// `num_hidden_layers` entries, all `indexed_attention`.
-pub(crate) fn check_layer_types(o: &Obj<'_>, layers: usize) -> Result<()> {
-    let Some(v) = o.get("layer_types") else {
-        return Ok(());
+/// A per-decoder-layer list field: `None` when absent, else exactly `layers` entries.
+fn per_layer_list<'a>(o: &Obj<'a>, key: &str, layers: usize) -> Result<Option<&'a Vec<Value>>> {
+    let Some(v) = o.get(key) else {
+        return Ok(None);
     };
     let Value::Array(items) = v else {
-        return Err(o.err("layer_types", format!("expected a list, found {v}")));
+        return Err(o.err(key, format!("expected a list, found {v}")));
     };
     if items.len() != layers {
         return Err(o.err(
-            "layer_types",
+            key,
             format!("{} entries for num_hidden_layers = {layers}", items.len()),
         ));
     }
+    Ok(Some(items))
+}
+
+/// `layer_types` (transformers: `indexed_attention` per decoder layer): absent, or exactly
+/// `num_hidden_layers` entries, all `indexed_attention`.
+pub(crate) fn check_layer_types(o: &Obj<'_>, layers: usize) -> Result<()> {
+    let Some(items) = per_layer_list(o, "layer_types", layers)? else {
+        return Ok(());
+    };
     if let Some(bad) = items
         .iter()
         .find(|t| t.as_str() != Some("indexed_attention"))
@@ -96,18 +104,9 @@ pub(crate) fn check_layer_types(o: &Obj<'_>, layers: usize) -> Result<()> {
 /// `mlp_layer_types` (`dense` / `sparse` per decoder layer) as the number of leading dense
 /// layers: `None` when absent; refused unless it is `dense`* then `sparse`* of the right length.
 pub(crate) fn leading_dense_layers(o: &Obj<'_>, layers: usize) -> Result<Option<usize>> {
-    let Some(v) = o.get("mlp_layer_types") else {
+    let Some(items) = per_layer_list(o, "mlp_layer_types", layers)? else {
         return Ok(None);
     };
-    let Value::Array(items) = v else {
-        return Err(o.err("mlp_layer_types", format!("expected a list, found {v}")));
-    };
-    if items.len() != layers {
-        return Err(o.err(
-            "mlp_layer_types",
-            format!("{} entries for num_hidden_layers = {layers}", items.len()),
-        ));
-    }
     let dense = items
         .iter()
         .take_while(|t| t.as_str() == Some("dense"))

@@ -526,14 +526,7 @@ impl KvCache {
     /// O(num_blocks + table sizes).
     pub fn reclaim_unheld(&mut self, live: &[&SeqKv]) -> usize {
         let n = self.cfg.num_blocks;
-        let mut holders = vec![0u32; n];
-        for s in live {
-            for &b in &s.blocks {
-                if let Some(h) = holders.get_mut(b as usize) {
-                    *h += 1;
-                }
-            }
-        }
+        let holders = holders(n, live);
         let mut dropped = 0;
         for b in 0..n as u32 {
             while self.alloc.refcount(b) > holders[b as usize] {
@@ -564,7 +557,6 @@ impl KvCache {
     pub fn check_invariants(&self, live: &[&SeqKv]) -> std::result::Result<(), String> {
         let n = self.cfg.num_blocks;
         let bs = self.cfg.block_size;
-        let mut holders = vec![0u32; n];
         for (si, s) in live.iter().enumerate() {
             if s.len > s.blocks.len() * bs {
                 return Err(format!(
@@ -577,7 +569,6 @@ impl KvCache {
                 if b as usize >= n {
                     return Err(format!("seq {si}: block id {b} out of range"));
                 }
-                holders[b as usize] += 1;
                 if i >= s.len / bs && (self.alloc.refcount(b) != 1 || self.prefix.is_cached(b)) {
                     return Err(format!(
                         "seq {si}: tail block {b} (index {i}) is shared or cached"
@@ -585,6 +576,7 @@ impl KvCache {
                 }
             }
         }
+        let holders = holders(n, live);
         let mut on_free = vec![false; n];
         for &b in self.alloc.free_list() {
             if std::mem::replace(&mut on_free[b as usize], true) {
@@ -647,6 +639,20 @@ impl KvCache {
             self.release(b);
         }
     }
+}
+
+/// How many of the `live` tables hold each block id below `n` (ids out of range are not counted;
+/// `check_invariants` reports them).
+fn holders(n: usize, live: &[&SeqKv]) -> Vec<u32> {
+    let mut h = vec![0u32; n];
+    for s in live {
+        for &b in &s.blocks {
+            if let Some(c) = h.get_mut(b as usize) {
+                *c += 1;
+            }
+        }
+    }
+    h
 }
 
 /// RAM + swap in bytes (Linux `/proc/meminfo`); `None` where it cannot be read.

@@ -446,30 +446,46 @@ fn absorbed(
         row.iter_mut().for_each(|st| *st *= scale);
         softmax_inplace(row);
     }
-    // ctx: [m, H, kv_lora] = sum_t p_t c_t, rows split into one group per worker (each group
-    // streams the cache once).
+    // ctx: [m, H, kv_lora] = sum_t p_t c_t
     let mut ctx = vec![0f32; rows * kvl];
-    let work = rows * keys * kvl;
+    latent_sums(&s, keys, &lens, cache, kvd, &mut ctx);
+    values_out(cfg, a, &ctx, out);
+}
+
+/// `ctx[r] = sum_t p[r, t] * latent[t][..kv_lora]` for every row r (t < lens[r]); rows are split
+/// into one group per worker, each group streaming the latent rows once. p: [rows, stride];
+/// latent: rows of width `kvd` whose first `ctx.len() / rows` values are summed; ctx: [rows,
+/// kv_lora]. Each row's sum is the same bits however the rows are grouped.
+fn latent_sums(
+    p: &[f32],
+    stride: usize,
+    lens: &[usize],
+    latent: &[f32],
+    kvd: usize,
+    ctx: &mut [f32],
+) {
+    let rows = lens.len();
+    let kvl = ctx.len() / rows.max(1);
+    let work = rows * stride * kvl;
     let groups = if worth_parallel(work) {
         rayon::current_num_threads().min(rows).max(1)
     } else {
         1
     };
     let per = rows.div_ceil(groups);
-    for_each_row(&mut ctx, per * kvl, work, |g, o| {
+    for_each_row(ctx, per * kvl, work, |g, o| {
         let r0 = g * per;
         let nr = o.len() / kvl;
         weighted_sum_rows(
-            &s[r0 * keys..],
-            keys,
+            &p[r0 * stride..],
+            stride,
             &lens[r0..r0 + nr],
-            cache,
+            latent,
             kvd,
             kvl,
             o,
         );
     });
-    values_out(cfg, a, &ctx, out);
 }
 
 /// Sparse absorbed MQA (V3.2): query i attends only to the latent rows at `sels[i]` (ascending
@@ -511,26 +527,9 @@ fn absorbed_sparse(
             row.iter_mut().for_each(|st| *st *= scale);
             softmax_inplace(row);
         }
-        // ctx_i: [H, kv_lora], heads split into one group per worker (each group streams the
-        // gathered rows once), as in the dense path.
-        let work = nh * k * kvl;
-        let groups = if worth_parallel(work) {
-            rayon::current_num_threads().min(nh).max(1)
-        } else {
-            1
-        };
-        let per = nh.div_ceil(groups);
-        let lens = vec![k; nh];
-        for_each_row(
-            &mut ctx[i * nh * kvl..(i + 1) * nh * kvl],
-            per * kvl,
-            work,
-            |gi, o| {
-                let h0 = gi * per;
-                let nr = o.len() / kvl;
-                weighted_sum_rows(&s[h0 * k..], k, &lens[h0..h0 + nr], &g, kvd, kvl, o);
-            },
-        );
+        // ctx_i: [H, kv_lora] over the gathered rows, as in the dense path
+        let ctx_i = &mut ctx[i * nh * kvl..(i + 1) * nh * kvl];
+        latent_sums(&s, k, &vec![k; nh], &g, kvd, ctx_i);
     }
     values_out(cfg, a, &ctx, out);
 }

@@ -64,16 +64,21 @@ impl Rope {
         }
     }
 
+    /// (cos, sin) of the pair with inverse frequency `f` at position `pos`, times the cos/sin
+    /// factor (transformers computes freqs = pos * inv_freq in f32, then cos/sin in f32).
+    #[inline]
+    fn cos_sin(&self, f: f64, pos: usize) -> (f32, f32) {
+        let (s, c) = ((pos as f32) * (f as f32)).sin_cos();
+        (
+            (c as f64 * self.attention_factor) as f32,
+            (s as f64 * self.attention_factor) as f32,
+        )
+    }
+
     /// Rotate one interleaved rope vector in place at absolute position `pos`. // x: [rope_dim]
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         for (i, &f) in self.inv_freq.iter().enumerate() {
-            // transformers computes freqs = pos * inv_freq in f32, then cos/sin in f32.
-            let angle = (pos as f32) * (f as f32);
-            let (s, c) = angle.sin_cos();
-            let (c, s) = (
-                (c as f64 * self.attention_factor) as f32,
-                (s as f64 * self.attention_factor) as f32,
-            );
+            let (c, s) = self.cos_sin(f, pos);
             let (a, b) = (x[2 * i], x[2 * i + 1]);
             x[2 * i] = a * c - b * s;
             x[2 * i + 1] = b * c + a * s;
@@ -87,12 +92,7 @@ impl Rope {
     pub fn apply_half(&self, x: &mut [f32], pos: usize) {
         let half = self.inv_freq.len();
         for (i, &f) in self.inv_freq.iter().enumerate() {
-            let angle = (pos as f32) * (f as f32);
-            let (s, c) = angle.sin_cos();
-            let (c, s) = (
-                (c as f64 * self.attention_factor) as f32,
-                (s as f64 * self.attention_factor) as f32,
-            );
+            let (c, s) = self.cos_sin(f, pos);
             let (a, b) = (x[i], x[i + half]);
             x[i] = a * c - b * s;
             x[i + half] = b * c + a * s;

@@ -101,6 +101,27 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Per-row comparison of logits [rows, vocab] with a reference: (median of the rows' max |diff|,
+/// rows whose argmax agrees).
+pub fn median_row_error_and_agreement(
+    got: &[f32],
+    reference: &[f32],
+    vocab: usize,
+) -> (f32, usize) {
+    let mut rows: Vec<f32> = got
+        .chunks(vocab)
+        .zip(reference.chunks(vocab))
+        .map(|(a, b)| max_abs_diff(a, b))
+        .collect();
+    let agree = got
+        .chunks(vocab)
+        .zip(reference.chunks(vocab))
+        .filter(|(a, b)| specmla::sampling::argmax(a) == specmla::sampling::argmax(b))
+        .count();
+    rows.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    (rows[rows.len() / 2], agree)
+}
+
 pub fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
