@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Generate the DeepSeek-V4 golden fixtures models/golden/v4_*/.
+
+A tiny RANDOM DeepseekV4ForCausalLM (transformers 5.24, CPU, float32, eager) per spec, written
+with save_pretrained, reloaded with from_pretrained, and its full-forward logits recorded per
+prompt. Prompts are re-drawn until no routing top-k and no indexer top-k decision is a near-tie
+(MIN_MARGIN), so an f32 engine must make the same discrete choices. Every fixture is also checked
+here: cached token-by-token decode and a chunked prefill (split inside a compression window)
+agree with the full forward (DECODE_TOL). `v4_mixed_official` holds the weights of `v4_mixed`
+under the official DeepSeek naming (`embed`, `layers.N.attn.kv_norm`, `hc_head_fn`, int32
+`tid2eid`, no `model.` prefix); transformers loads it through its conversion mapping and must
+give the same logits, which this script checks.
+
+Run by hand (not in CI), from the repository root:
+
+    python tools/golden/make_golden_v4.py            # all V4 fixtures
+    python tools/golden/make_golden_v4.py v4_tied    # selected
+
+models/golden/V4.md documents the formulas and tensors these files rely on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers.cache_utils import DynamicCache
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mv4
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OUT_DIR = os.path.join(ROOT, "models", "golden")
+PROMPT_LENS = (64, 37, 9)
+MIN_MARGIN = 2e-4
+DECODE_TOL = 3e-5
+MAX_ATTEMPTS = 300
+MAX_FIXTURE_BYTES = 700_000
+
+_BASE = dict(
+    vocab_size=128, hidden_size=32, moe_intermediate_size=16, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=16, q_lora_rank=24, num_experts_per_tok=2, n_routed_experts=8,
+    n_shared_experts=1, hc_sinkhorn_iters=20, o_groups=2, o_lora_rank=8, index_n_heads=8,
+    index_head_dim=16, partial_rotary_factor=0.5, max_position_embeddings=512, rms_norm_eps=1e-6,
+    bos_token_id=0, eos_token_id=1, pad_token_id=None, swiglu_limit=10.0,
+)
+
+SPECS = {
+    # every layer type, hash + top-k MoE, hc_mult 2, untied, sqrtsoftplus
+    "v4_mixed": dict(seed=4101, cfg=dict(
+        num_hidden_layers=4, hc_mult=2, sliding_window=8, index_topk=3,
+        layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
+                     "sliding_attention", "compressed_sparse_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"], tie_word_embeddings=False)),
+    # tied embeddings, hc_mult 3, YaRN on the compressed branch, rate 2 CSA, two hash layers,
+    # a low swiglu_limit so the clamps bite
+    "v4_tied": dict(seed=4102, cfg=dict(
+        num_hidden_layers=3, hc_mult=3, sliding_window=6, index_topk=5,
+        layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"],
+        compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 16},
+        mlp_layer_types=["hash_moe", "hash_moe", "moe"], tie_word_embeddings=True, swiglu_limit=0.6,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+        hc_sinkhorn_iters=7, o_groups=4, o_lora_rank=4)),
+    # legacy spellings: compress_ratios, num_hash_layers, qk_rope_head_dim; sigmoid scoring
+    "v4_legacy": dict(seed=4103, legacy=True, cfg=dict(
+        num_hidden_layers=3, hc_mult=2, sliding_window=10, index_topk=2, scoring_func="sigmoid",
+        compress_ratios=[4, 0, 128], compress_rate_hca=8, num_hash_layers=1, qk_rope_head_dim=4,
+        tie_word_embeddings=False)),
+    # sliding-window layers only: the hybrid-SWA draft shape
+    "v4_sliding": dict(seed=4104, cfg=dict(
+        num_hidden_layers=2, hc_mult=2, sliding_window=5, index_topk=4,
+        layer_types=["sliding_attention", "sliding_attention"],
+        mlp_layer_types=["hash_moe", "moe"], tie_word_embeddings=False)),
+}
+OFFICIAL_TWIN = {"v4_mixed_official": "v4_mixed"}
+
+
+def build(spec):
+    kw = dict(_BASE)
+    kw.update(spec["cfg"])
+    if spec.get("legacy"):
+        kw.pop("partial_rotary_factor")
+    cfg = DeepseekV4Config(**kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(spec["seed"])
+    return DeepseekV4ForCausalLM(cfg).eval()
+
+
+def init_random(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    h = cfg.hidden_size
+    tied = bool(cfg.tie_word_embeddings)
+    r = lambda shape: torch.randn(shape, generator=gen)  # noqa: E731
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if name.endswith("embed_tokens.weight"):
+                p.copy_(r(p.shape) * (2.0 / math.sqrt(h) if tied else 1.0))
+            elif name == "lm_head.weight":
+                p.copy_(r(p.shape) * (2.0 / math.sqrt(h)))
+            elif name.endswith("sinks"):
+                p.copy_(r(p.shape) * 1.0)
+            elif name.endswith("position_bias"):
+                p.copy_(r(p.shape) * 0.7)
+            elif name.endswith("_hc.base") or name.endswith("hc_base"):
+                p.copy_(r(p.shape) * 0.7)
+            elif name.endswith("_hc.scale") or name.endswith("hc_scale"):
+                p.copy_(1.0 + 0.3 * r(p.shape))
+            elif name.endswith("_hc.fn") or name.endswith("hc_fn"):
+                p.copy_(r(p.shape) * (2.0 / math.sqrt(p.shape[-1])))
+            elif "norm" in name:
+                p.copy_(1.0 + 0.2 * r(p.shape))
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(r(p.shape) * (1.5 / math.sqrt(h)))
+            elif p.ndim == 3:  # experts [E, out, in]
+                p.copy_(r(p.shape) * (1.0 / math.sqrt(p.shape[-1])))
+            else:
+                gain = 1.5 if ("q_" in name or "kv_proj" in name) else 1.0
+                p.copy_(r(p.shape) * (gain / math.sqrt(p.shape[-1])))
+        for name, b in model.named_buffers():
+            if name.endswith("tid2eid"):
+                # distinct experts per token
+                rows = [torch.randperm(cfg.n_routed_experts, generator=gen)[: b.shape[1]] for _ in range(b.shape[0])]
+                b.copy_(torch.stack(rows))
+            elif name.endswith("e_score_correction_bias"):
+                b.copy_(r(b.shape) * 0.1)
+
+
+class Recorder:
+    """Captures routing and indexer scores to measure top-k margins."""
+
+    def __init__(self):
+        self.route, self.index = [], []
+        self._orig_router = mv4.DeepseekV4TopKRouter.forward
+        self._orig_scorer = mv4.DeepseekV4Indexer.forward
+        rec = self
+
+        def router(mod, hs):
+            out = rec._orig_router(mod, hs)
+            flat = hs.reshape(-1, mod.hidden_dim)
+            s = mod.score_fn(torch.nn.functional.linear(flat, mod.weight)) + mod.e_score_correction_bias
+            rec.route.append((s.detach().double(), mod.top_k))
+            return out
+
+        def indexer(mod, hidden_states, q_residual, position_ids, cache, layer_idx):
+            orig_scorer = mod.scorer.forward
+
+            def scorer(q, ckv, hs):
+                sc = orig_scorer(q, ckv, hs)
+                rec.index.append((sc.detach().double(), position_ids.detach(), mod.compress_rate, mod.index_topk))
+                return sc
+
+            mod.scorer.forward = scorer
+            try:
+                return rec._orig_scorer(mod, hidden_states, q_residual, position_ids, cache, layer_idx)
+            finally:
+                mod.scorer.forward = orig_scorer
+
+        mv4.DeepseekV4TopKRouter.forward = router
+        mv4.DeepseekV4Indexer.forward = indexer
+
+    def close(self):
+        mv4.DeepseekV4TopKRouter.forward = self._orig_router
+        mv4.DeepseekV4Indexer.forward = self._orig_scorer
+
+    def margins(self):
+        route = math.inf
+        for s, k in self.route:
+            top = s.sort(-1, descending=True).values
+            if top.shape[-1] > k:
+                route = min(route, float((top[:, k - 1] - top[:, k]).min()))
+        index, selective = math.inf, 0
+        for sc, pos, m, k in self.index:
+            sc = sc[0]
+            for t in range(sc.shape[0]):
+                valid = (int(pos[0, t]) + 1) // m
+                if valid > k:
+                    selective += 1
+                    top = sc[t, :valid].sort(descending=True).values
+                    index = min(index, float(top[k - 1] - top[k]))
+        return route, index, selective
+
+
+def draw_prompts(model, spec):
+    gen = torch.Generator().manual_seed(spec["seed"] + 7)
+    vocab = model.config.vocab_size
+    for attempt in range(MAX_ATTEMPTS):
+        prompts = [torch.randint(2, vocab, (n,), generator=gen) for n in PROMPT_LENS]
+        rec = Recorder()
+        try:
+            with torch.no_grad():
+                for p in prompts:
+                    model(p[None])
+        finally:
+            rec.close()
+        route, index, selective = rec.margins()
+        if route >= MIN_MARGIN and index >= MIN_MARGIN:
+            return prompts, attempt, route, index, selective
+    raise SystemExit(f"no prompt set with margins >= {MIN_MARGIN}")
+
+
+def cached_checks(model, ids, full):
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        dec = torch.cat([model(ids[None, i:i + 1], cache=cache, use_cache=True).logits[0]
+                         for i in range(len(ids))])
+        cache = DynamicCache(config=model.config)
+        cut = min(len(ids) - 1, 13)  # inside a compression window for every rate used
+        a = model(ids[None, :cut], cache=cache, use_cache=True).logits[0]
+        b = model(ids[None, cut:], cache=cache, use_cache=True).logits[0]
+    return float((dec - full).abs().max()), float((torch.cat([a, b]) - full).abs().max())
+
+
+def to_official(tensors):
+    out = {}
+    for k, v in tensors.items():
+        if k == "model.embed_tokens.weight":
+            k = "embed.weight"
+        elif k == "model.norm.weight":
+            k = "norm.weight"
+        elif k.startswith("model.hc_head.hc_"):
+            k = "hc_head_" + k[len("model.hc_head.hc_"):]
+        elif k.startswith("model."):
+            k = k[len("model."):]
+        k = k.replace(".attn.norm.", ".attn.kv_norm.")
+        if k.endswith("tid2eid"):
+            v = v.to(torch.int32)
+        out[k] = v.contiguous()
+    return out
+
+
+LEGACY_DROP = ("layer_types", "mlp_layer_types", "compress_rates", "partial_rotary_factor", "rope_parameters",
+               "qk_rope_head_dim")
+
+
+def write_legacy_config(out, spec):
+    """The config.json of older V4 checkpoints: compress_ratios (0/4/128 per layer),
+    compress_rate_csa / compress_rate_hca, num_hash_layers and qk_rope_head_dim instead of the
+    transformers-5 fields. transformers folds them in at load time."""
+    path = os.path.join(out, "config.json")
+    cfg = json.load(open(path))
+    for k in LEGACY_DROP:
+        cfg.pop(k, None)
+    for k in ("compress_ratios", "compress_rate_hca", "num_hash_layers", "qk_rope_head_dim"):
+        cfg[k] = spec["cfg"][k]
+    json.dump(cfg, open(path, "w"), indent=2)
+
+
+def make(name, spec):
+    model = build(spec)
+    init_random(model, spec["seed"])
+    out = os.path.join(OUT_DIR, name)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        model = DeepseekV4ForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+        prompts, attempt, route_m, index_m, selective = draw_prompts(model, spec)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        shutil.copy(os.path.join(tmp, "config.json"), out)
+        shutil.copy(os.path.join(tmp, "model.safetensors"), out)
+    if spec.get("legacy"):
+        write_legacy_config(out, spec)
+        model = DeepseekV4ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    ref, meta_prompts = {}, []
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            full = model(p[None]).logits[0]
+            dec, chunk = cached_checks(model, p, full)
+            assert dec < DECODE_TOL and chunk < DECODE_TOL, (name, i, dec, chunk)
+            ref[f"prompt_{i}"] = p.to(torch.int64)
+            ref[f"logits_full_{i}"] = full.float().contiguous()
+            meta_prompts.append(dict(len=len(p), max_abs_logit=float(full.abs().max()),
+                                     decode_vs_full_max_abs_diff=dec, chunked_vs_full_max_abs_diff=chunk))
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+    meta = dict(fixture=name, architecture="DeepseekV4ForCausalLM", generated_by="tools/golden/make_golden_v4.py",
+                versions=dict(torch=torch.__version__, transformers=transformers.__version__),
+                seed=spec["seed"], prompt_seed_attempt=attempt, naming="transformers save_pretrained",
+                min_route_margin=route_m, min_index_margin=index_m, indexer_rows_selecting=selective,
+                prompts=meta_prompts)
+    json.dump(meta, open(os.path.join(out, "reference.json"), "w"), indent=2)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    assert size < MAX_FIXTURE_BYTES, (name, size)
+    print(f"{name}: attempt {attempt}, route margin {route_m:.2e}, index margin {index_m:.2e} "
+          f"({selective} selective rows), {size} bytes")
+
+
+def make_official(name, src):
+    sdir, out = os.path.join(OUT_DIR, src), os.path.join(OUT_DIR, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for f in ("config.json", "reference.safetensors"):
+        shutil.copy(os.path.join(sdir, f), out)
+    save_file(to_official(load_file(os.path.join(sdir, "model.safetensors"))), os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    model = DeepseekV4ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    ref = load_file(os.path.join(out, "reference.safetensors"))
+    worst = 0.0
+    with torch.no_grad():
+        for i in range(len(PROMPT_LENS)):
+            worst = max(worst, float((model(ref[f"prompt_{i}"][None]).logits[0] - ref[f"logits_full_{i}"]).abs().max()))
+    assert worst == 0.0, worst
+    meta = json.load(open(os.path.join(sdir, "reference.json")))
+    meta.update(fixture=name, naming=f"official DeepSeek (weights of {src}); transformers loads it bitwise equal")
+    json.dump(meta, open(os.path.join(out, "reference.json"), "w"), indent=2)
+    print(f"{name}: official naming of {src}, transformers logits identical")
+
+
+def main(argv):
+    names = argv or list(SPECS) + list(OFFICIAL_TWIN)
+    for n in names:
+        if n in SPECS:
+            make(n, SPECS[n])
+        else:
+            make_official(n, OFFICIAL_TWIN[n])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
