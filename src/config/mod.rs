@@ -10,8 +10,10 @@ mod json;
 mod model_config;
 mod moe;
 mod rope_scaling;
+mod v4;
 
 pub use indexer::IndexerConfig;
 pub use model_config::{Fp8Quant, ModelConfig, ModelType};
 pub use moe::{MoeConfig, ScoringFunc, TopkMethod};
 pub use rope_scaling::{yarn_get_mscale, YarnScaling};
+pub use v4::{V4Attn, V4Config, V4Scoring};

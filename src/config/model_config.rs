@@ -17,6 +17,7 @@ use super::indexer::{self, IndexerConfig};
 use super::json::{as_usize, Obj};
 use super::moe::{parse_moe, MoeConfig};
 use super::rope_scaling::{parse_rope, yarn_get_mscale, YarnScaling};
+use super::v4::V4Config;
 use crate::error::{Error, Result};
 
 /// Which HF architecture the checkpoint declares (`model_type`).
@@ -26,6 +27,9 @@ pub enum ModelType {
     DeepseekV3,
     /// V3 plus DeepSeek Sparse Attention (the lightning indexer, [`IndexerConfig`]).
     DeepseekV32,
+    /// Not MLA: shared K=V head, sliding window + compressed branches, hyper-connections
+    /// ([`V4Config`]).
+    DeepseekV4,
 }
 
 impl ModelType {
@@ -34,6 +38,7 @@ impl ModelType {
             ModelType::DeepseekV2 => "deepseek_v2",
             ModelType::DeepseekV3 => "deepseek_v3",
             ModelType::DeepseekV32 => "deepseek_v32",
+            ModelType::DeepseekV4 => "deepseek_v4",
         }
     }
 
@@ -83,6 +88,10 @@ pub struct ModelConfig {
     pub quantization: Option<Fp8Quant>,
     /// V3.2's lightning indexer (sparse attention in every layer); `None` for V2 / V3.
     pub indexer: Option<IndexerConfig>,
+    /// DeepSeek-V4's own fields; `None` for the MLA models. For V4 the MLA fields describe
+    /// its shared K=V head: `kv_lora_rank = v_head_dim = head_dim`, `qk_rope_head_dim` its
+    /// rotary part, `qk_nope_head_dim` the rest; `moe` is `None` (V4's MoE lives here).
+    pub v4: Option<V4Config>,
 }
 
 /// Keys of the V3.2 indexer: refused under `deepseek_v2` / `deepseek_v3` (running such a
@@ -114,11 +123,13 @@ impl ModelConfig {
             Some("deepseek_v2") => ModelType::DeepseekV2,
             Some("deepseek_v3") => ModelType::DeepseekV3,
             Some("deepseek_v32") => ModelType::DeepseekV32,
+            Some("deepseek_v4") => return Self::from_v4(&o),
             Some(other) => {
                 return Err(o.err(
                     "model_type",
                     format!(
-                        "{other:?} is not supported (deepseek_v2, deepseek_v3 or deepseek_v32)"
+                        "{other:?} is not supported (deepseek_v2, deepseek_v3, deepseek_v32 or \
+                         deepseek_v4)"
                     ),
                 ))
             }
@@ -229,8 +240,67 @@ impl ModelConfig {
             num_nextn_predict_layers,
             quantization: parse_quant(&o)?,
             indexer,
+            v4: None,
         };
         check_bounds(&o, &cfg)?;
+        Ok(cfg)
+    }
+
+    /// A `deepseek_v4` config (see `config::v4`).
+    fn from_v4(o: &Obj<'_>) -> Result<Self> {
+        for key in ["attention_bias", "mlp_bias"] {
+            if o.bool_or(key, false)? {
+                return Err(o.err(key, "biases are not supported"));
+            }
+        }
+        if let Some(act) = o.opt_str("hidden_act")? {
+            if act != "silu" {
+                return Err(o.err(
+                    "hidden_act",
+                    format!("{act:?} is not supported (only silu)"),
+                ));
+            }
+        }
+        let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
+        if rms_norm_eps <= 0.0 || rms_norm_eps > 1.0 {
+            return Err(o.err(
+                "rms_norm_eps",
+                format!("must be in (0, 1], found {rms_norm_eps}"),
+            ));
+        }
+        let num_hidden_layers = o.req_dim("num_hidden_layers")?;
+        if num_hidden_layers > MAX_LAYERS {
+            return Err(o.err("num_hidden_layers", format!("exceeds {MAX_LAYERS}")));
+        }
+        let heads = o.req_dim("num_attention_heads")?;
+        let max_position_embeddings = o.usize_or("max_position_embeddings", 1 << 20)?;
+        let v = super::v4::parse_v4(o, num_hidden_layers, heads, max_position_embeddings)?;
+        let cfg = ModelConfig {
+            model_type: ModelType::DeepseekV4,
+            vocab_size: o.req_dim("vocab_size")?,
+            hidden_size: o.req_dim("hidden_size")?,
+            intermediate_size: v.moe_intermediate_size,
+            num_hidden_layers,
+            num_attention_heads: heads,
+            q_lora_rank: Some(v.q_lora_rank),
+            kv_lora_rank: v.head_dim,
+            qk_nope_head_dim: v.head_dim - v.rope_dim,
+            qk_rope_head_dim: v.rope_dim,
+            v_head_dim: v.head_dim,
+            rope_theta: v.main_theta,
+            rope_scaling: None,
+            max_position_embeddings,
+            moe: None,
+            rms_norm_eps: rms_norm_eps as f32,
+            tie_word_embeddings: o.bool_or("tie_word_embeddings", false)?,
+            bos_token_id: token_id(o, "bos_token_id")?,
+            eos_token_ids: eos_ids(o)?,
+            num_nextn_predict_layers: o.usize_or("num_nextn_predict_layers", 1)?,
+            quantization: parse_quant(o)?,
+            indexer: None,
+            v4: Some(v),
+        };
+        check_bounds(o, &cfg)?;
         Ok(cfg)
     }
 

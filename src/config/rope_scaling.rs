@@ -108,7 +108,10 @@ pub(crate) fn parse_rope(
     };
     match kind {
         "default" => Ok((theta, None)),
-        "yarn" => Ok((theta, Some(parse_yarn(root, &p, max_position_embeddings)?))),
+        "yarn" => Ok((
+            theta,
+            Some(parse_yarn(root, &p, max_position_embeddings, false)?),
+        )),
         other => Err(p.err(
             kind_key,
             format!("RoPE scaling type {other:?} is not supported (only yarn)"),
@@ -116,16 +119,24 @@ pub(crate) fn parse_rope(
     }
 }
 
-fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
+pub(crate) fn check_theta(o: &Obj<'_>, key: &str, t: f64) -> Result<f64> {
     if t <= 0.0 || t > 1e12 {
         return Err(o.err(key, format!("must be in (0, 1e12], found {t}")));
     }
     Ok(t)
 }
 
-fn parse_yarn(root: &Obj<'_>, p: &Obj<'_>, max_position_embeddings: usize) -> Result<YarnScaling> {
+/// YaRN parameters from `p` (`root` supplies a top-level `original_max_position_embeddings`).
+/// `partial_ok`: the caller sizes the rotary dims itself (V4's partial rotary), so a
+/// `partial_rotary_factor` key is not refused here.
+pub(crate) fn parse_yarn(
+    root: &Obj<'_>,
+    p: &Obj<'_>,
+    max_position_embeddings: usize,
+    partial_ok: bool,
+) -> Result<YarnScaling> {
     if let Some(f) = p.opt_f64("partial_rotary_factor")? {
-        if f != 1.0 {
+        if f != 1.0 && !partial_ok {
             return Err(p.err(
                 "partial_rotary_factor",
                 format!("only 1.0 is supported, found {f}"),

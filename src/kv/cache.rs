@@ -93,7 +93,18 @@ fn check_group(i: usize, g: &KvGroupSpec) -> Result<()> {
     nonzero("num_layers", g.num_layers)?;
     match (i, g.kind) {
         (0, KvKind::MlaLatent { kv_lora_rank, .. }) => nonzero("kv_lora_rank", kv_lora_rank),
-        (0, _) => Err(Error::config("groups", "group 0 must be the MLA latent")),
+        (0, KvKind::SwaKv { head_dim }) => nonzero("head_dim", head_dim),
+        (0, _) => Err(Error::config(
+            "groups",
+            "group 0 must be the MLA latent (or V4's K=V row)",
+        )),
+        (_, KvKind::SwaKv { .. }) => Err(Error::config("groups", "only group 0 is a K=V row")),
+        (_, KvKind::CsaInput { head_dim, .. } | KvKind::HcaInput { head_dim }) => {
+            nonzero("head_dim", head_dim)
+        }
+        (_, KvKind::CsaEntry { head_dim, .. } | KvKind::HcaEntry { head_dim, .. }) => {
+            nonzero("head_dim", head_dim)
+        }
         (_, KvKind::MlaLatent { .. }) => Err(Error::config(
             "groups",
             "only one MLA latent group per cache",
@@ -127,15 +138,28 @@ impl KvCache {
                 format!("{} exceeds {}", cfg.num_blocks, u32::MAX),
             ));
         }
-        let per_token = cfg.groups.iter().try_fold(0usize, |acc, g| {
+        for g in &cfg.groups {
+            let r = g.kind.rate();
+            if r == 0 || (cfg.block_size % r != 0 && r % cfg.block_size != 0) {
+                return Err(Error::config(
+                    "block_size",
+                    format!(
+                        "{} (rate {r}) needs a block size that divides the rate or is a multiple \
+                         of it, found {}",
+                        g.kind.name(),
+                        cfg.block_size
+                    ),
+                ));
+            }
+        }
+        let per_block = cfg.groups.iter().try_fold(0usize, |acc, g| {
             g.entry_bytes()
                 .checked_mul(g.num_layers)
+                .and_then(|b| b.checked_mul(g.kind.slots_per_block(cfg.block_size)))
                 .and_then(|b| acc.checked_add(b))
         });
-        let n_slots = cfg.num_blocks.checked_mul(cfg.block_size);
-        let total = n_slots
-            .zip(per_token)
-            .and_then(|(n, b)| n.checked_mul(b))
+        let total = per_block
+            .and_then(|b| cfg.num_blocks.checked_mul(b))
             .filter(|&n| n <= isize::MAX as usize)
             .ok_or_else(|| {
                 Error::config(
@@ -164,9 +188,12 @@ impl KvCache {
                 ));
             }
         }
-        let n_slots = cfg.num_blocks * cfg.block_size;
         Ok(KvCache {
-            pools: cfg.groups.iter().map(|g| KvPool::new(g, n_slots)).collect(),
+            pools: cfg
+                .groups
+                .iter()
+                .map(|g| KvPool::new(g, cfg.num_blocks * g.kind.slots_per_block(cfg.block_size)))
+                .collect(),
             alloc: BlockAllocator::new(cfg.num_blocks),
             prefix: PrefixCache::new(cfg.num_blocks, cfg.block_size),
             total_bytes: total,
@@ -289,8 +316,13 @@ impl KvCache {
         if self.alloc.refcount(b) > 1 {
             match self.take_block() {
                 Some(nb) => {
-                    for pool in &mut self.pools {
-                        pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                    for (pool, g) in self.pools.iter_mut().zip(&self.cfg.groups) {
+                        if g.kind.rate() == 1 {
+                            pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                        } else {
+                            let spb = g.kind.slots_per_block(bs);
+                            pool.copy_slots(b as usize * spb, nb as usize * spb, spb);
+                        }
                     }
                     self.release(b);
                     seq.blocks[idx] = nb;
@@ -356,6 +388,75 @@ impl KvCache {
             seq.len
         );
         self.pools[group].write_entry(layer, b as usize * bs + pos % bs, parts);
+    }
+
+    /// Slot of compressed entry `entry` of `group` for `seq`: in the block of the token that
+    /// closes it (position `(entry + 1) * rate - 1`, which must be < reserved capacity).
+    fn entry_slot(&self, group: usize, seq: &SeqKv, entry: usize) -> (u32, usize) {
+        let bs = self.cfg.block_size;
+        let kind = self.cfg.groups[group].kind;
+        let rate = kind.rate();
+        assert!(rate > 1, "kv: {} is not a compressed group", kind.name());
+        let p = (entry + 1) * rate - 1;
+        assert!(
+            p < self.capacity(seq),
+            "kv: entry {entry} closes at {p}, beyond capacity {}",
+            self.capacity(seq)
+        );
+        let b = seq.blocks[p / bs];
+        let spb = kind.slots_per_block(bs);
+        (b, b as usize * spb + (p % bs) / rate.min(bs))
+    }
+
+    /// Quantise and write compressed entry `entry` of `group` (parts as in `write_entry`). The
+    /// closing token's block must be private to `seq`.
+    pub fn write_compressed(
+        &mut self,
+        group: usize,
+        layer: usize,
+        seq: &SeqKv,
+        entry: usize,
+        parts: &[&[f32]],
+    ) {
+        let g = &self.cfg.groups[group];
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
+        let widths = g.kind.parts();
+        assert!(
+            parts.len() == widths.len() && parts.iter().zip(&widths).all(|(p, &w)| p.len() == w),
+            "kv: entry parts do not match the {} layout",
+            g.kind.name()
+        );
+        let (b, slot) = self.entry_slot(group, seq, entry);
+        assert!(
+            self.alloc.refcount(b) == 1 && !self.prefix.is_cached(b),
+            "kv: write to shared or prefix-cached block {b} (entry {entry})"
+        );
+        self.pools[group].write_entry(layer, slot, parts);
+    }
+
+    /// Read compressed entries `[start, end)` of `group` for `seq`, dequantised into
+    /// `out: [end - start, width]`.
+    pub fn read_compressed(
+        &self,
+        group: usize,
+        layer: usize,
+        seq: &SeqKv,
+        start: usize,
+        end: usize,
+        out: &mut [f32],
+    ) {
+        let g = &self.cfg.groups[group];
+        let w = g.kind.width();
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
+        assert_eq!(
+            out.len(),
+            (end - start) * w,
+            "kv: read_compressed out length"
+        );
+        for (i, e) in (start..end).enumerate() {
+            let (_, slot) = self.entry_slot(group, seq, e);
+            self.pools[group].read_slots(layer, slot, 1, &mut out[i * w..(i + 1) * w]);
+        }
     }
 
     /// Read latent slots `[start, end)` of `seq` (end <= reserved capacity), dequantised into
@@ -512,8 +613,8 @@ impl KvCache {
                     num_layers: g.num_layers,
                     width: g.kind.width(),
                     bytes_per_token_per_layer: g.entry_bytes(),
-                    bytes_per_token: g.bytes_per_token(),
-                    total_bytes: g.bytes_per_token() * self.cfg.num_blocks * self.cfg.block_size,
+                    bytes_per_token: g.bytes_per_block(self.cfg.block_size) / self.cfg.block_size,
+                    total_bytes: g.bytes_per_block(self.cfg.block_size) * self.cfg.num_blocks,
                 })
                 .collect(),
         }

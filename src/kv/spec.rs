@@ -23,7 +23,7 @@
 //! block id still names one page of every group in its table class.
 
 use super::dtype::{fp8_groups, KvDtype};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, V4Attn, V4Config};
 
 /// What one group stores per token per layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +36,25 @@ pub enum KvKind {
     /// V3.2's lightning-indexer key `[index_head_dim]` (LayerNorm'd, roped; Hadamard-rotated
     /// when stored below f32, see `model::indexer`).
     IndexKey { head_dim: usize },
+    /// V4: the one shared K=V row of a token `[head_dim]` (normed, roped), every layer.
+    SwaKv { head_dim: usize },
+    /// V4 CSA layers: a token's compressor inputs `[kv 2D | gate 2D | index kv 2Di | index
+    /// gate 2Di]` (the two overlapping series), kept so an open window can be closed, or
+    /// re-closed after a rollback, from the cache alone.
+    CsaInput {
+        head_dim: usize,
+        index_head_dim: usize,
+    },
+    /// V4 CSA layers: one compressed entry per `rate` tokens `[kv D | index key Di]`.
+    CsaEntry {
+        head_dim: usize,
+        index_head_dim: usize,
+        rate: usize,
+    },
+    /// V4 HCA layers: a token's compressor inputs `[kv D | gate D]`.
+    HcaInput { head_dim: usize },
+    /// V4 HCA layers: one compressed entry per `rate` tokens `[kv D]`.
+    HcaEntry { head_dim: usize, rate: usize },
 }
 
 impl KvKind {
@@ -44,7 +63,27 @@ impl KvKind {
         match self {
             KvKind::MlaLatent { .. } => "mla_latent",
             KvKind::IndexKey { .. } => "index_key",
+            KvKind::SwaKv { .. } => "swa_kv",
+            KvKind::CsaInput { .. } => "csa_input",
+            KvKind::CsaEntry { .. } => "csa_entry",
+            KvKind::HcaInput { .. } => "hca_input",
+            KvKind::HcaEntry { .. } => "hca_entry",
         }
+    }
+
+    /// Tokens per entry: 1, or a compressed kind's rate. Entry `w` of a compressed kind is
+    /// formed by the token at position `(w + 1) * rate - 1` and lives in that token's block.
+    pub fn rate(&self) -> usize {
+        match *self {
+            KvKind::CsaEntry { rate, .. } | KvKind::HcaEntry { rate, .. } => rate,
+            _ => 1,
+        }
+    }
+
+    /// Entry slots one block of `block_size` tokens holds: `block_size / rate`, at least 1 (a
+    /// rate above the block size leaves most blocks without an entry; their slot stays unused).
+    pub fn slots_per_block(&self, block_size: usize) -> usize {
+        (block_size / self.rate()).max(1)
     }
 
     /// Widths of the entry's parts, in storage order; fp8 scales are grouped per part.
@@ -54,7 +93,23 @@ impl KvKind {
                 kv_lora_rank,
                 rope_dim,
             } => vec![kv_lora_rank, rope_dim],
-            KvKind::IndexKey { head_dim } => vec![head_dim],
+            KvKind::IndexKey { head_dim } | KvKind::SwaKv { head_dim } => vec![head_dim],
+            KvKind::CsaInput {
+                head_dim,
+                index_head_dim,
+            } => vec![
+                2 * head_dim,
+                2 * head_dim,
+                2 * index_head_dim,
+                2 * index_head_dim,
+            ],
+            KvKind::CsaEntry {
+                head_dim,
+                index_head_dim,
+                ..
+            } => vec![head_dim, index_head_dim],
+            KvKind::HcaInput { head_dim } => vec![head_dim, head_dim],
+            KvKind::HcaEntry { head_dim, .. } => vec![head_dim],
         }
     }
 
@@ -85,9 +140,15 @@ impl KvGroupSpec {
         }
     }
 
-    /// Bytes per token over all of the group's layers.
+    /// Stored bytes per block of `block_size` tokens over all of the group's layers.
+    pub fn bytes_per_block(&self, block_size: usize) -> usize {
+        self.entry_bytes() * self.num_layers * self.kind.slots_per_block(block_size)
+    }
+
+    /// Bytes per token over all of the group's layers for a per-token kind; for a compressed
+    /// kind the amortised `entry * layers / rate`. (Pool storage: [`Self::bytes_per_block`].)
     pub fn bytes_per_token(&self) -> usize {
-        self.entry_bytes() * self.num_layers
+        self.entry_bytes() * self.num_layers / self.kind.rate()
     }
 }
 
@@ -111,6 +172,9 @@ impl KvConfig {
         num_blocks: usize,
         dtype: KvDtype,
     ) -> Self {
+        if let Some(v) = &model.v4 {
+            return Self::for_v4(v, block_size, num_blocks, dtype);
+        }
         let mut groups = vec![KvGroupSpec {
             kind: KvKind::MlaLatent {
                 kv_lora_rank: model.kv_lora_rank,
@@ -127,6 +191,56 @@ impl KvConfig {
                 num_layers: model.num_hidden_layers,
                 dtype,
             });
+        }
+        KvConfig {
+            block_size,
+            num_blocks,
+            groups,
+        }
+    }
+
+    /// V4's groups: the K=V row of every layer; per CSA layer the compressor inputs and the
+    /// compressed entries (+ index keys); per HCA layer the same without the indexer. Kinds with
+    /// no layer are left out.
+    fn for_v4(v: &V4Config, block_size: usize, num_blocks: usize, dtype: KvDtype) -> Self {
+        let (d, di) = (v.head_dim, v.index_head_dim);
+        let (csa, hca) = (v.layers_of(V4Attn::Csa), v.layers_of(V4Attn::Hca));
+        let mut groups = vec![KvGroupSpec {
+            kind: KvKind::SwaKv { head_dim: d },
+            num_layers: v.layer_types.len(),
+            dtype,
+        }];
+        let g = |kind, num_layers| KvGroupSpec {
+            kind,
+            num_layers,
+            dtype,
+        };
+        if csa > 0 {
+            groups.push(g(
+                KvKind::CsaInput {
+                    head_dim: d,
+                    index_head_dim: di,
+                },
+                csa,
+            ));
+            groups.push(g(
+                KvKind::CsaEntry {
+                    head_dim: d,
+                    index_head_dim: di,
+                    rate: v.csa_rate,
+                },
+                csa,
+            ));
+        }
+        if hca > 0 {
+            groups.push(g(KvKind::HcaInput { head_dim: d }, hca));
+            groups.push(g(
+                KvKind::HcaEntry {
+                    head_dim: d,
+                    rate: v.hca_rate,
+                },
+                hca,
+            ));
         }
         KvConfig {
             block_size,
@@ -176,7 +290,7 @@ impl KvConfig {
         self
     }
 
-    /// The MLA latent group.
+    /// The MLA latent group (V4: the K=V row group, also group 0).
     pub fn latent(&self) -> &KvGroupSpec {
         &self.groups[0]
     }
@@ -196,15 +310,21 @@ impl KvConfig {
         self.groups.iter().position(|g| g.kind.name() == kind)
     }
 
-    /// Bytes per token over every group and layer.
+    /// Stored bytes per token over every group and layer (pool bytes / pool tokens).
     pub fn bytes_per_token(&self) -> usize {
-        self.groups.iter().map(KvGroupSpec::bytes_per_token).sum()
+        self.groups
+            .iter()
+            .map(|g| g.bytes_per_block(self.block_size))
+            .sum::<usize>()
+            / self.block_size
     }
 
     /// Whether this cache has exactly the groups `model` needs (dtypes aside).
     pub fn matches(&self, model: &ModelConfig, layers: usize) -> bool {
-        let want = KvConfig::for_model(model, self.block_size, self.num_blocks, self.dtype())
-            .with_layers(layers);
+        let mut want = KvConfig::for_model(model, self.block_size, self.num_blocks, self.dtype());
+        if layers != model.num_hidden_layers {
+            want = want.with_layers(layers);
+        }
         want.groups.len() == self.groups.len()
             && want
                 .groups

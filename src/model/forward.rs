@@ -90,6 +90,9 @@ impl Model {
                 "KV cache layout does not match the model".into(),
             ));
         }
+        if let Some(v4) = &self.v4 {
+            return super::v4::v4_forward(self, v4, kv, chunks, want_hidden);
+        }
         let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
         let n = tokens.len();
         if n == 0 {

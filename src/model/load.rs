@@ -26,6 +26,26 @@ impl Model {
 
     /// Build the model for `config` from `store`; every expected tensor is checked.
     pub fn load(config: ModelConfig, store: &WeightStore) -> Result<Model> {
+        if config.v4.is_some() {
+            let (embed, lm_head, norm, v4) = super::v4::load_v4(&config, store)?;
+            let mtp_tensors: Vec<String> = store
+                .names()
+                .filter(|n| n.starts_with("mtp."))
+                .map(str::to_string)
+                .collect();
+            let rope = Rope::new(&config);
+            return Ok(Model {
+                config,
+                embed,
+                layers: Vec::new(),
+                norm,
+                lm_head,
+                rope,
+                mtp_tensors,
+                mtp: Vec::new(),
+                v4: Some(Box::new(v4)),
+            });
+        }
         let mtp_tensors = check_tensor_set(&config, store)?;
         let ld = Loader {
             store,
@@ -76,6 +96,7 @@ impl Model {
             rope,
             mtp_tensors,
             mtp,
+            v4: None,
         })
     }
 }

@@ -18,8 +18,10 @@ mod load;
 mod moe;
 mod mtp;
 pub mod rope;
+mod v4;
 mod weights;
 
 pub use batch::{LogitsMode, SeqChunk};
 pub use forward::ForwardOut;
+pub use v4::V4Model;
 pub use weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer};

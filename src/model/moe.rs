@@ -89,7 +89,9 @@ pub(super) fn route(
     let mut w: Vec<f32> = idx.iter().map(|&i| scores[i]).collect();
     let k = idx.len();
     let normalise = match model_type {
-        ModelType::DeepseekV3 | ModelType::DeepseekV32 => cfg.norm_topk_prob,
+        ModelType::DeepseekV3 | ModelType::DeepseekV32 | ModelType::DeepseekV4 => {
+            cfg.norm_topk_prob
+        }
         ModelType::DeepseekV2 => cfg.norm_topk_prob && k > 1,
     };
     if normalise {

@@ -9,7 +9,7 @@
 //! multiplied by `YarnScaling::cos_sin_mscale` (the explicit `attention_factor`, else
 //! m(factor, mscale) / m(factor, mscale_all_dim)).
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, YarnScaling};
 
 /// Precomputed per-pair inverse frequencies and the cos/sin multiplier.
 #[derive(Clone, Debug)]
@@ -21,13 +21,21 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(cfg: &ModelConfig) -> Self {
-        let dim = cfg.qk_rope_head_dim;
-        let base = cfg.rope_theta;
+        Self::from_parts(
+            cfg.qk_rope_head_dim,
+            cfg.rope_theta,
+            cfg.rope_scaling.as_ref(),
+        )
+    }
+
+    /// Frequencies for `dim` rotary dims of base `base`, with optional YaRN (V4 builds one per
+    /// rope type: `main` and `compress`).
+    pub fn from_parts(dim: usize, base: f64, scaling: Option<&YarnScaling>) -> Self {
         let half = dim / 2;
         let pos_freqs: Vec<f64> = (0..half)
             .map(|i| base.powf((2 * i) as f64 / dim as f64))
             .collect();
-        let Some(y) = &cfg.rope_scaling else {
+        let Some(y) = scaling else {
             return Rope {
                 inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
                 attention_factor: 1.0,
@@ -82,6 +90,17 @@ impl Rope {
             let (a, b) = (x[2 * i], x[2 * i + 1]);
             x[2 * i] = a * c - b * s;
             x[2 * i + 1] = b * c + a * s;
+        }
+    }
+
+    /// The inverse rotation of [`Rope::apply`] (angle -pos * inv_freq): V4 un-rotates the rope
+    /// slice of its attention output at the query position. // x: [rope_dim]
+    pub fn apply_inverse(&self, x: &mut [f32], pos: usize) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let (c, s) = self.cos_sin(f, pos);
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * c + b * s;
+            x[2 * i + 1] = b * c - a * s;
         }
     }
 

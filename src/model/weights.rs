@@ -112,6 +112,8 @@ pub struct Model {
     pub mtp_tensors: Vec<String>,
     /// The MTP layers the checkpoint holds (empty when it has none).
     pub mtp: Vec<MtpLayer>,
+    /// DeepSeek-V4's layers (then `layers` is empty): see `model::v4`.
+    pub v4: Option<Box<super::v4::V4Model>>,
 }
 
 impl Model {
@@ -124,6 +126,7 @@ impl Model {
     pub fn num_params(&self) -> usize {
         let mut n =
             self.embed.numel() + self.norm.len() + self.lm_head.as_ref().map_or(0, |m| m.numel());
+        n += self.v4.as_ref().map_or(0, |v| v.num_params());
         for l in &self.layers {
             n += l.input_norm.len() + l.post_norm.len();
             let a = &l.attn;
@@ -157,6 +160,9 @@ impl Model {
     pub fn matrices(&self) -> Vec<&Matrix> {
         let mut v = vec![&self.embed];
         v.extend(self.lm_head.as_ref());
+        if let Some(v4) = &self.v4 {
+            v.extend(v4.matrices());
+        }
         for l in &self.layers {
             let a = &l.attn;
             if let Some((qa, _, qb)) = &a.q_lora {
@@ -183,6 +189,9 @@ impl Model {
     /// (top-k routed experts counted) and the embedding table (one row).
     pub fn decode_bytes_per_token(&self) -> usize {
         let mut n = self.lm_head().nbytes() + self.norm.len() * 4;
+        if let (Some(v4), Some(c)) = (&self.v4, &self.config.v4) {
+            n += v4.decode_bytes_per_token(c.num_experts_per_tok);
+        }
         for l in &self.layers {
             let a = &l.attn;
             if let Some((qa, _, qb)) = &a.q_lora {

@@ -1,0 +1,326 @@
+//! Building the V4 part of a `Model` from a `WeightStore`, under either naming: what
+//! transformers' `save_pretrained` writes (`model.layers.N.attn.*`, `model.embed_tokens`,
+//! `model.norm`, `model.hc_head.hc_*`, `head.weight`, `attn.norm`) or the official checkpoint's
+//! (`layers.N.attn.*`, `embed`, `norm`, `hc_head_*`, `attn.kv_norm`, int32 `tid2eid`). Every
+//! tensor is checked by name and shape; a tensor neither naming expects (other than the MTP
+//! layer's `mtp.*`) is refused, so a checkpoint of another shape never loads silently.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use crate::config::{ModelConfig, V4Attn, V4Config};
+use crate::error::{Error, Result};
+use crate::kernels::Matrix;
+use crate::model::rope::Rope;
+use crate::model::weights::Expert;
+use crate::weights::{DType, Loader, WeightStore};
+
+use super::{Compressor, HcHead, HyperConn, V4Attention, V4Ffn, V4Indexer, V4Layer, V4Model};
+
+/// Which naming the checkpoint uses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    Transformers,
+    Official,
+}
+
+struct Names<'a> {
+    ld: Loader<'a>,
+    naming: Naming,
+    used: Mutex<HashSet<String>>,
+}
+
+impl<'a> Names<'a> {
+    /// Full name of a layer tensor (`rest` in DeepSeek's naming, e.g. `attn.wq_a.weight`).
+    fn layer(&self, i: usize, rest: &str) -> String {
+        match self.naming {
+            Naming::Transformers => format!("model.layers.{i}.{rest}"),
+            Naming::Official => format!("layers.{i}.{rest}"),
+        }
+    }
+
+    /// The first of `names` the store has (else an error naming the first).
+    fn pick(&self, names: &[String]) -> Result<String> {
+        let n = names
+            .iter()
+            .find(|n| self.ld.has(n))
+            .ok_or_else(|| Error::tensor(&names[0], "missing from the checkpoint"))?;
+        self.used.lock().unwrap().insert(n.clone());
+        Ok(n.clone())
+    }
+
+    fn matrix(&self, names: &[String], rows: usize, cols: usize) -> Result<Matrix> {
+        let n = self.pick(names)?;
+        if self.ld.has(&crate::weights::scale_inv_name(&n)) {
+            self.used
+                .lock()
+                .unwrap()
+                .insert(crate::weights::scale_inv_name(&n));
+        }
+        self.ld.matrix(&n, rows, cols)
+    }
+
+    fn vector(&self, names: &[String], len: usize) -> Result<Vec<f32>> {
+        let n = self.pick(names)?;
+        self.ld.vector_f32(&n, len)
+    }
+
+    fn matrix_f32(&self, names: &[String], rows: usize, cols: usize) -> Result<Vec<f32>> {
+        let n = self.pick(names)?;
+        self.ld.matrix_f32(&n, rows, cols)
+    }
+
+    /// tid2eid [vocab, k] as i64 (transformers) or i32 (official); every id < n_experts.
+    fn tid2eid(&self, name: &str, vocab: usize, k: usize, n_experts: usize) -> Result<Vec<u32>> {
+        let n = self.pick(&[name.to_string()])?;
+        let t = self.ld.store.get(&n).expect("picked");
+        if t.shape != [vocab, k] {
+            return Err(Error::tensor(
+                &n,
+                format!("shape {:?}, expected [{vocab}, {k}]", t.shape),
+            ));
+        }
+        let ids: Vec<i64> = match &t.dtype {
+            DType::Other(d) if d == "i64" => t
+                .data
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            DType::Other(d) if d == "i32" => t
+                .data
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().unwrap()) as i64)
+                .collect(),
+            d => return Err(Error::tensor(&n, format!("dtype {d}, expected i64 or i32"))),
+        };
+        ids.iter()
+            .map(|&e| {
+                u32::try_from(e)
+                    .ok()
+                    .filter(|&e| (e as usize) < n_experts)
+                    .ok_or_else(|| {
+                        Error::tensor(&n, format!("expert id {e} outside 0..{n_experts}"))
+                    })
+            })
+            .collect()
+    }
+}
+
+/// What `load_v4` returns: (embed, lm_head (None when tied), final norm, the V4 layers).
+pub(crate) type V4Parts = (Matrix, Option<Matrix>, Vec<f32>, V4Model);
+
+fn s(x: &str) -> String {
+    x.to_string()
+}
+
+/// Load every V4 tensor of `store` for `cfg`.
+pub(crate) fn load_v4(cfg: &ModelConfig, store: &WeightStore) -> Result<V4Parts> {
+    let v = cfg.v4.as_ref().expect("a V4 config");
+    let ld = Loader::new(store, cfg.quantization);
+    let naming = if ld.has("model.embed_tokens.weight") {
+        Naming::Transformers
+    } else if ld.has("embed.weight") {
+        Naming::Official
+    } else {
+        return Err(Error::tensor(
+            "model.embed_tokens.weight",
+            "missing from the checkpoint (nor the official `embed.weight`)",
+        ));
+    };
+    let nm = Names {
+        ld,
+        naming,
+        used: Mutex::new(HashSet::new()),
+    };
+    let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
+    let embed = nm.matrix(
+        &[s("model.embed_tokens.weight"), s("embed.weight")],
+        vocab,
+        h,
+    )?;
+    let head_names = [s("head.weight"), s("lm_head.weight")];
+    let lm_head = if cfg.tie_word_embeddings && !head_names.iter().any(|n| nm.ld.has(n)) {
+        None
+    } else {
+        Some(nm.matrix(&head_names, vocab, h)?)
+    };
+    let norm = nm.vector(&[s("model.norm.weight"), s("norm.weight")], h)?;
+    let n = v.hc_mult;
+    let hc_head = HcHead {
+        fn_w: nm.matrix_f32(&[s("model.hc_head.hc_fn"), s("hc_head_fn")], n, n * h)?,
+        base: nm.vector(&[s("model.hc_head.hc_base"), s("hc_head_base")], n)?,
+        scale: nm.vector(&[s("model.hc_head.hc_scale"), s("hc_head_scale")], 1)?[0],
+    };
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|i| load_layer(&nm, cfg, v, i))
+        .collect::<Result<Vec<_>>>()?;
+    let used = nm.used.into_inner().unwrap();
+    let mut extra: Vec<&str> = store
+        .names()
+        .filter(|n| !used.contains(*n) && !n.starts_with("mtp."))
+        .collect();
+    extra.sort_unstable();
+    if let Some(first) = extra.first() {
+        return Err(Error::tensor(
+            *first,
+            format!(
+                "not expected for this deepseek_v4 config ({} unexpected tensors)",
+                extra.len()
+            ),
+        ));
+    }
+    let rope_main = Rope::from_parts(v.rope_dim, v.main_theta, None);
+    let rope_compress = Rope::from_parts(v.rope_dim, v.compress_theta, v.compress_yarn.as_ref());
+    Ok((
+        embed,
+        lm_head,
+        norm,
+        V4Model {
+            layers,
+            hc_head,
+            rope_main,
+            rope_compress,
+        },
+    ))
+}
+
+fn hyper(nm: &Names, i: usize, which: &str, n: usize, h: usize) -> Result<HyperConn> {
+    let m = (2 + n) * n;
+    let sc = nm.vector(&[nm.layer(i, &format!("hc_{which}_scale"))], 3)?;
+    Ok(HyperConn {
+        fn_w: nm.matrix_f32(&[nm.layer(i, &format!("hc_{which}_fn"))], m, n * h)?,
+        base: nm.vector(&[nm.layer(i, &format!("hc_{which}_base"))], m)?,
+        scale: [sc[0], sc[1], sc[2]],
+    })
+}
+
+fn compressor(
+    nm: &Names,
+    i: usize,
+    pre: &str,
+    h: usize,
+    dim: usize,
+    rate: usize,
+    overlap: bool,
+) -> Result<Compressor> {
+    let k = if overlap { 2 } else { 1 };
+    let t = |x: &str| nm.layer(i, &format!("{pre}.{x}"));
+    Ok(Compressor {
+        wkv: nm.matrix(&[t("wkv.weight")], k * dim, h)?,
+        wgate: nm.matrix(&[t("wgate.weight")], k * dim, h)?,
+        ape: nm.matrix_f32(&[t("ape")], rate, k * dim)?,
+        norm: nm.vector(&[t("norm.weight"), t("kv_norm.weight")], dim)?,
+        dim,
+        overlap,
+    })
+}
+
+fn expert(nm: &Names, i: usize, pre: &str, h: usize, inter: usize) -> Result<Expert> {
+    let t = |x: &str| nm.layer(i, &format!("{pre}.{x}.weight"));
+    Ok(Expert {
+        gate: nm.matrix(&[t("w1")], inter, h)?,
+        up: nm.matrix(&[t("w3")], inter, h)?,
+        down: nm.matrix(&[t("w2")], h, inter)?,
+    })
+}
+
+fn load_layer(nm: &Names, cfg: &ModelConfig, v: &V4Config, i: usize) -> Result<V4Layer> {
+    let h = cfg.hidden_size;
+    let (heads, d) = (cfg.num_attention_heads, v.head_dim);
+    let a = |x: &str| nm.layer(i, &format!("attn.{x}"));
+    let kind = v.layer_types[i];
+    let (compressor, indexer) = match kind {
+        V4Attn::Sliding => (None, None),
+        V4Attn::Hca => (
+            Some(compressor(
+                nm,
+                i,
+                "attn.compressor",
+                h,
+                d,
+                v.hca_rate,
+                false,
+            )?),
+            None,
+        ),
+        V4Attn::Csa => (
+            Some(compressor(
+                nm,
+                i,
+                "attn.compressor",
+                h,
+                d,
+                v.csa_rate,
+                true,
+            )?),
+            Some(V4Indexer {
+                wq_b: nm.matrix(
+                    &[a("indexer.wq_b.weight")],
+                    v.index_n_heads * v.index_head_dim,
+                    v.q_lora_rank,
+                )?,
+                weights_proj: nm.matrix(&[a("indexer.weights_proj.weight")], v.index_n_heads, h)?,
+                comp: compressor(
+                    nm,
+                    i,
+                    "attn.indexer.compressor",
+                    h,
+                    v.index_head_dim,
+                    v.csa_rate,
+                    true,
+                )?,
+            }),
+        ),
+    };
+    let (g, r) = (v.o_groups, v.o_lora_rank);
+    let wo_a_full = nm.matrix(&[a("wo_a.weight")], g * r, heads * d / g)?;
+    let attn = V4Attention {
+        wq_a: nm.matrix(&[a("wq_a.weight")], v.q_lora_rank, h)?,
+        q_norm: nm.vector(&[a("q_norm.weight")], v.q_lora_rank)?,
+        wq_b: nm.matrix(&[a("wq_b.weight")], heads * d, v.q_lora_rank)?,
+        wkv: nm.matrix(&[a("wkv.weight")], d, h)?,
+        kv_norm: nm.vector(&[a("norm.weight"), a("kv_norm.weight")], d)?,
+        wo_a: (0..g).map(|j| wo_a_full.rows_view(j * r, r)).collect(),
+        wo_a_full,
+        wo_b: nm.matrix(&[a("wo_b.weight")], h, g * r)?,
+        sinks: nm.vector(&[a("attn_sink")], heads)?,
+        compressor,
+        indexer,
+    };
+    let e = v.n_routed_experts;
+    let f = |x: &str| nm.layer(i, &format!("ffn.{x}"));
+    let hash = v.hash_layers[i];
+    let ffn = V4Ffn {
+        gate: nm.matrix_f32(&[f("gate.weight")], e, h)?,
+        bias: if hash {
+            None
+        } else {
+            Some(nm.vector(&[f("gate.bias")], e)?)
+        },
+        tid2eid: if hash {
+            Some(nm.tid2eid(&f("gate.tid2eid"), cfg.vocab_size, v.num_experts_per_tok, e)?)
+        } else {
+            None
+        },
+        experts: (0..e)
+            .map(|j| {
+                expert(
+                    nm,
+                    i,
+                    &format!("ffn.experts.{j}"),
+                    h,
+                    v.moe_intermediate_size,
+                )
+            })
+            .collect::<Result<_>>()?,
+        shared: expert(nm, i, "ffn.shared_experts", h, v.moe_intermediate_size)?,
+    };
+    Ok(V4Layer {
+        attn_norm: nm.vector(&[nm.layer(i, "attn_norm.weight")], h)?,
+        ffn_norm: nm.vector(&[nm.layer(i, "ffn_norm.weight")], h)?,
+        attn_hc: hyper(nm, i, "attn", v.hc_mult, h)?,
+        ffn_hc: hyper(nm, i, "ffn", v.hc_mult, h)?,
+        attn,
+        ffn,
+    })
+}

@@ -1,0 +1,199 @@
+//! DeepSeek-V4: weights (this file), loading under both namings (`load.rs`), the forward over a
+//! ragged batch (`forward.rs`: hyper-connections, MoE with hash / top-k routing), and attention
+//! (`attention.rs`: the shared K=V head over a sliding window, plus the compressed branches of
+//! `compressor.rs`: CSA's overlapping compression + lightning indexer, HCA's dense compression).
+//!
+//! Where it sits: `Model::forward_out` hands a V4 model here; the KV cache groups are
+//! `kv::KvKind::{SwaKv, CsaInput, CsaEntry, HcaInput, HcaEntry}` (see `kv/spec.rs`).
+//!
+//! Guarantees: the reference is transformers 5.24 `models/deepseek_v4` (tested against its fp32
+//! logits: models/golden/v4_*); every token takes ONE attention path whatever the chunking or
+//! batch (its window rows and compressed entries are read back from the cache, entries are formed
+//! from cached compressor inputs only when their window closes), so logits are bitwise the same
+//! for full prompts, token-by-token decode, any chunk split and any batch. A compressed entry is
+//! a function of the tokens up to its closing position, so truncation, preemption and prefix
+//! caching need no extra state.
+
+mod attention;
+mod compressor;
+mod forward;
+mod load;
+
+pub(crate) use forward::v4_forward;
+pub(crate) use load::load_v4;
+
+use crate::kernels::Matrix;
+
+use super::rope::Rope;
+use super::weights::Expert;
+
+/// Manifold-constrained hyper-connection of one block (N = hc_mult streams).
+pub struct HyperConn {
+    /// fn [(2 + N) * N, N * hidden] f32: [pre (N) | post (N) | comb (N * N)] mixes.
+    pub fn_w: Vec<f32>,
+    /// base [(2 + N) * N]
+    pub base: Vec<f32>,
+    /// scale [3]: pre, post, comb.
+    pub scale: [f32; 3],
+}
+
+/// The final stream collapse before the model norm.
+pub struct HcHead {
+    /// hc_fn [N, N * hidden] f32
+    pub fn_w: Vec<f32>,
+    /// hc_base [N]
+    pub base: Vec<f32>,
+    pub scale: f32,
+}
+
+/// A compressor (one branch: the attention's, or the indexer's at index width).
+pub struct Compressor {
+    /// wkv [k * D, hidden] (k = 2 with overlapping windows (CSA), else 1).
+    pub wkv: Matrix,
+    /// wgate [k * D, hidden]
+    pub wgate: Matrix,
+    /// ape (position bias) [rate, k * D] f32
+    pub ape: Vec<f32>,
+    /// norm [D] (RMSNorm of the pooled entry)
+    pub norm: Vec<f32>,
+    /// Entry width D.
+    pub dim: usize,
+    pub overlap: bool,
+}
+
+/// CSA's lightning indexer.
+pub struct V4Indexer {
+    /// wq_b [H_I * D_I, q_lora]
+    pub wq_b: Matrix,
+    /// weights_proj [H_I, hidden]
+    pub weights_proj: Matrix,
+    /// Its own overlapping compressor at D_I.
+    pub comp: Compressor,
+}
+
+/// Attention weights of one V4 layer.
+pub struct V4Attention {
+    /// wq_a [q_lora, hidden]
+    pub wq_a: Matrix,
+    /// q_norm [q_lora]
+    pub q_norm: Vec<f32>,
+    /// wq_b [H * D, q_lora]
+    pub wq_b: Matrix,
+    /// wkv [D, hidden]
+    pub wkv: Matrix,
+    /// kv_norm [D]
+    pub kv_norm: Vec<f32>,
+    /// wo_a per group: o_groups row views [o_lora, H * D / o_groups].
+    pub wo_a: Vec<Matrix>,
+    /// The whole wo_a [o_groups * o_lora, H * D / o_groups] (byte accounting).
+    pub wo_a_full: Matrix,
+    /// wo_b [hidden, o_groups * o_lora]
+    pub wo_b: Matrix,
+    /// attn_sink [H]
+    pub sinks: Vec<f32>,
+    pub compressor: Option<Compressor>,
+    pub indexer: Option<V4Indexer>,
+}
+
+/// MoE of one V4 layer (every layer is MoE).
+pub struct V4Ffn {
+    /// gate.weight [E, hidden] f32
+    pub gate: Vec<f32>,
+    /// gate.bias (e_score_correction_bias) [E]; top-k layers only.
+    pub bias: Option<Vec<f32>>,
+    /// tid2eid [vocab, k]; hash layers only.
+    pub tid2eid: Option<Vec<u32>>,
+    pub experts: Vec<Expert>,
+    pub shared: Expert,
+}
+
+/// One V4 decoder layer.
+pub struct V4Layer {
+    /// attn_norm [hidden]
+    pub attn_norm: Vec<f32>,
+    /// ffn_norm [hidden]
+    pub ffn_norm: Vec<f32>,
+    pub attn_hc: HyperConn,
+    pub ffn_hc: HyperConn,
+    pub attn: V4Attention,
+    pub ffn: V4Ffn,
+}
+
+/// The V4-specific part of a `Model` (embedding, final norm and lm_head live in `Model`).
+pub struct V4Model {
+    pub layers: Vec<V4Layer>,
+    pub hc_head: HcHead,
+    /// RoPE of sliding layers (`main`).
+    pub rope_main: Rope,
+    /// RoPE of CSA / HCA layers, their compressors and the indexer (`compress`).
+    pub rope_compress: Rope,
+}
+
+impl Compressor {
+    fn nbytes(&self) -> usize {
+        self.wkv.nbytes() + self.wgate.nbytes()
+    }
+}
+
+impl V4Model {
+    /// Every weight matrix (for stats / `specmla info`).
+    pub fn matrices(&self) -> Vec<&Matrix> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            let a = &l.attn;
+            v.extend([&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a_full, &a.wo_b]);
+            if let Some(c) = &a.compressor {
+                v.extend([&c.wkv, &c.wgate]);
+            }
+            if let Some(ix) = &a.indexer {
+                v.extend([&ix.wq_b, &ix.weights_proj, &ix.comp.wkv, &ix.comp.wgate]);
+            }
+            for e in l.ffn.experts.iter().chain([&l.ffn.shared]) {
+                v.extend([&e.gate, &e.up, &e.down]);
+            }
+        }
+        v
+    }
+
+    /// Parameters as stored (matrices + vectors).
+    pub fn num_params(&self) -> usize {
+        let mut n: usize = self.matrices().iter().map(|m| m.numel()).sum();
+        n += self.hc_head.fn_w.len() + self.hc_head.base.len() + 1;
+        for l in &self.layers {
+            n += l.attn_norm.len() + l.ffn_norm.len();
+            for hc in [&l.attn_hc, &l.ffn_hc] {
+                n += hc.fn_w.len() + hc.base.len() + 3;
+            }
+            let a = &l.attn;
+            n += a.q_norm.len() + a.kv_norm.len() + a.sinks.len();
+            for c in a
+                .compressor
+                .iter()
+                .chain(a.indexer.as_ref().map(|i| &i.comp))
+            {
+                n += c.ape.len() + c.norm.len();
+            }
+            n += l.ffn.gate.len() + l.ffn.bias.as_ref().map_or(0, Vec::len);
+            n += l.ffn.tid2eid.as_ref().map_or(0, Vec::len);
+        }
+        n
+    }
+
+    /// Weight bytes a batch-1 decode step reads (top-k experts counted, not all).
+    pub fn decode_bytes_per_token(&self, k: usize) -> usize {
+        let mut n = 0;
+        for l in &self.layers {
+            let a = &l.attn;
+            n += a.wq_a.nbytes() + a.wq_b.nbytes() + a.wkv.nbytes();
+            n += a.wo_a_full.nbytes() + a.wo_b.nbytes();
+            n += a.compressor.as_ref().map_or(0, Compressor::nbytes);
+            if let Some(ix) = &a.indexer {
+                n += ix.wq_b.nbytes() + ix.weights_proj.nbytes() + ix.comp.nbytes();
+            }
+            n += l.ffn.gate.len() * 4 + l.ffn.shared.nbytes();
+            n += l.ffn.experts.first().map_or(0, Expert::nbytes) * k;
+            n += (l.attn_hc.fn_w.len() + l.ffn_hc.fn_w.len()) * 4;
+        }
+        n + self.hc_head.fn_w.len() * 4
+    }
+}
