@@ -1,0 +1,248 @@
+//! DeepSeek-V4 through the engine: greedy speculation (a sliding-window-only V4 draft — the
+//! hybrid SWA drafter shape —, the same weights under the official naming, a V3 MLA draft of the
+//! same vocabulary, n-gram lookup) is bitwise equal to plain decoding, reasoning budgets
+//! included; so are chunked prefill (chunks of 5 split compression windows), preemption with
+//! recompute, and prefix-cache hits whose blocks end inside a compression window. Rejected drafts
+//! are truncated away, including compressed entries they closed. Bad V4 configs are refused with
+//! the field named. Target: models/golden/v4_mixed (HCA rate 8, CSA rate 4 with index_topk 3,
+//! sliding window 8, hash + top-k MoE, 2 hyper-connection streams).
+
+mod common;
+
+use common::{assert_same_outputs, repo, run_checked, spec_test_cfg};
+use specmla::config::ModelConfig;
+use specmla::engine::{DraftSource, Engine, Output, Prompt, Request};
+use specmla::spec::SpecMode;
+
+const START: u32 = 10;
+const END: [u32; 2] = [11, 12];
+
+fn golden(name: &str) -> std::path::PathBuf {
+    repo().join("models/golden").join(name)
+}
+
+fn target() -> std::path::PathBuf {
+    golden("v4_mixed")
+}
+
+fn requests(n: usize) -> Vec<Request> {
+    let mut x: u64 = 0x51ed_2701;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|i| {
+            let len = 3 + (next() % 40) as usize;
+            let mut toks: Vec<u32> = (0..len).map(|_| 13 + (next() % 115) as u32).collect();
+            if i % 3 != 0 {
+                toks.push(START);
+            }
+            let mut r = Request::new(Prompt::Tokens(toks));
+            r.sampling.max_tokens = 10 + (next() % 30) as usize;
+            r.think_start = Some(vec![START]);
+            r.think_end = Some(END.to_vec());
+            r.reasoning_budget = [None, Some(0), Some(1), Some(3), Some(7), Some(100)][i % 6];
+            r.logprobs = true;
+            r
+        })
+        .collect()
+}
+
+fn run(e: &Engine, reqs: &[Request]) -> Vec<Output> {
+    run_checked(e, reqs.to_vec(), &[])
+}
+
+fn baseline(reqs: &[Request]) -> Vec<Output> {
+    let e = Engine::new(
+        &target(),
+        DraftSource::None,
+        spec_test_cfg(SpecMode::Fixed(0)),
+    )
+    .unwrap();
+    run(&e, reqs)
+}
+
+#[test]
+fn v4_greedy_speculation_is_bitwise_lossless() {
+    let reqs = requests(18);
+    let base = baseline(&reqs);
+    for (label, draft, k) in [
+        (
+            "v4 sliding-window draft",
+            DraftSource::Dir(golden("v4_sliding")),
+            3,
+        ),
+        (
+            "v4 same weights, official naming",
+            DraftSource::Dir(golden("v4_mixed_official")),
+            5,
+        ),
+        ("v3 mla draft", DraftSource::Dir(golden("v3_yarn")), 2),
+        ("ngram", DraftSource::Ngram { min_n: 1, max_n: 3 }, 4),
+    ] {
+        let e = Engine::new(&target(), draft, spec_test_cfg(SpecMode::Fixed(k))).unwrap();
+        let got = run(&e, &reqs);
+        assert_same_outputs(label, &base, &got, &reqs);
+        let c = e.stats().totals;
+        assert!(c.drafted_tokens > 0, "{label}: nothing drafted");
+        if label.starts_with("v4 same") {
+            // identical weights: only drafts past a budget-forced end of thinking are rejected
+            assert!(
+                c.accepted_tokens * 10 > c.drafted_tokens * 9,
+                "{label}: {c:?}"
+            );
+        } else if label.starts_with("v4 sliding") {
+            assert!(
+                c.accepted_tokens < c.drafted_tokens,
+                "{label}: no rejection to roll back"
+            );
+        }
+    }
+}
+
+#[test]
+fn v4_chunking_preemption_prefix_cache_and_exhaustion() {
+    let reqs = requests(18);
+    let base = baseline(&reqs);
+    let mut c = spec_test_cfg(SpecMode::Fixed(3));
+    c.max_batch_tokens = 5;
+    let e = Engine::new(&target(), DraftSource::Dir(golden("v4_sliding")), c).unwrap();
+    assert_same_outputs("chunked prefill", &base, &run(&e, &reqs), &reqs);
+    let mut c = spec_test_cfg(SpecMode::Fixed(2));
+    c.num_blocks = 12;
+    c.block_size = 8;
+    let e = Engine::new(&target(), DraftSource::Ngram { min_n: 1, max_n: 3 }, c).unwrap();
+    let got = run(&e, &reqs);
+    assert_same_outputs("preemption", &base, &got, &reqs);
+    assert!(got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0);
+    // 42-token shared prefix: the cached blocks (32 tokens) end inside no window of rate 4 / 8,
+    // the request's own tokens then close the next entries from cached compressor inputs.
+    let shared: Vec<u32> = (20..62).collect();
+    let mk = |tail: u32| {
+        let mut t = shared.clone();
+        t.push(tail);
+        let mut r = Request::new(Prompt::Tokens(t));
+        r.sampling.max_tokens = 12;
+        r.logprobs = true;
+        r
+    };
+    let pre: Vec<Request> = (0..4).map(|i| mk(70 + i)).collect();
+    let alone: Vec<Output> = pre
+        .iter()
+        .map(|r| baseline(std::slice::from_ref(r)).remove(0))
+        .collect();
+    let e = Engine::new(
+        &target(),
+        DraftSource::Dir(golden("v4_sliding")),
+        spec_test_cfg(SpecMode::Fixed(3)),
+    )
+    .unwrap();
+    let first = run(&e, &pre[..1]);
+    let rest = run(&e, &pre[1..]);
+    let got: Vec<Output> = first.into_iter().chain(rest).collect();
+    assert_same_outputs("prefix cache", &alone, &got, &pre);
+    assert!(got[1..]
+        .iter()
+        .all(|o| o.counters.cached_prompt_tokens >= 32));
+    // KV groups and their byte accounting
+    let st = e.stats();
+    let kinds: Vec<&str> = st.kv.groups.iter().map(|g| g.kind).collect();
+    assert_eq!(
+        kinds,
+        ["swa_kv", "csa_input", "csa_entry", "hca_input", "hca_entry"]
+    );
+    assert_eq!(
+        st.target_kv_bytes_per_token,
+        st.kv
+            .groups
+            .iter()
+            .map(|g| g.bytes_per_token)
+            .sum::<usize>()
+    );
+    // a prompt the pool can never hold is refused, the engine keeps serving
+    let mut c = spec_test_cfg(SpecMode::Fixed(0));
+    c.num_blocks = 4;
+    let e = Engine::new(&target(), DraftSource::None, c).unwrap();
+    let mut big = Request::new(Prompt::Tokens((0..100).map(|i| 13 + i % 100).collect()));
+    big.sampling.max_tokens = 4;
+    assert!(e.submit(big).is_err());
+    assert_same_outputs(
+        "after refusal",
+        &base[..2],
+        &run(&e, &reqs[..2]),
+        &reqs[..2],
+    );
+}
+
+fn v4_config_with(edit: impl Fn(&mut serde_json::Value)) -> specmla::Result<ModelConfig> {
+    let text = std::fs::read_to_string(target().join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    ModelConfig::from_json_str(&v.to_string())
+}
+
+#[test]
+fn bad_v4_configs_are_refused_with_the_field_named() {
+    assert!(v4_config_with(|_| {}).is_ok());
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+        (
+            "layer_types",
+            Box::new(|v| v["layer_types"][1] = "global_attention".into()),
+        ),
+        (
+            "layer_types",
+            Box::new(|v| {
+                v["layer_types"].as_array_mut().unwrap().pop();
+            }),
+        ),
+        (
+            "compressed_sparse_attention",
+            Box::new(|v| v["compress_rates"]["compressed_sparse_attention"] = 0.into()),
+        ),
+        (
+            "compress_rates",
+            Box::new(|v| v["compress_rates"]["sliding_attention"] = 4.into()),
+        ),
+        (
+            "mlp_layer_types",
+            Box::new(|v| v["mlp_layer_types"][0] = "dense".into()),
+        ),
+        (
+            "num_key_value_heads",
+            Box::new(|v| v["num_key_value_heads"] = 2.into()),
+        ),
+        ("o_groups", Box::new(|v| v["o_groups"] = 3.into())),
+        (
+            "index_head_dim",
+            Box::new(|v| v["index_head_dim"] = 4.into()),
+        ),
+        (
+            "scoring_func",
+            Box::new(|v| v["scoring_func"] = "softmax".into()),
+        ),
+        (
+            "qk_rope_head_dim",
+            Box::new(|v| v["qk_rope_head_dim"] = 6.into()),
+        ),
+        (
+            "compress_ratios",
+            Box::new(|v| {
+                let o = v.as_object_mut().unwrap();
+                o.remove("layer_types");
+                o.insert("compress_ratios".into(), serde_json::json!([4, 0, 8, 4]));
+            }),
+        ),
+    ];
+    for (field, edit) in cases {
+        let err = v4_config_with(edit).expect_err(field).to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    // a KV block size that neither divides nor is a multiple of a rate is refused
+    let model = ModelConfig::from_file(&target().join("config.json")).unwrap();
+    let cfg = specmla::kv::KvConfig::for_model(&model, 6, 8, specmla::kv::KvDtype::F32);
+    let err = specmla::kv::KvCache::new(cfg).unwrap_err().to_string();
+    assert!(err.contains("block_size"), "{err}");
+}
