@@ -123,6 +123,10 @@ fn layer_tensors(cfg: &ModelConfig, layer: usize) -> Vec<Spec> {
 /// ([ceil(rows / block_rows), ceil(cols / block_cols)]) before each quantised projection when the
 /// config is fp8. MTP layers are not included (they are optional for serving).
 pub fn expected_tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    if cfg.v4.is_some() {
+        // V4 has two namings; `model::v4`'s loader checks every tensor by name and shape.
+        return Vec::new();
+    }
     let (v, h) = (cfg.vocab_size, cfg.hidden_size);
     let mut out = vec![
         ("model.embed_tokens.weight".to_string(), vec![v, h]),
@@ -169,6 +173,17 @@ fn layer_index(name: &str) -> Option<usize> {
 /// missing or has another shape (in `expected_tensor_shapes` order), else for the first (sorted) unexpected tensor that is
 /// neither an MTP-layer tensor nor ignorable. On success returns the MTP tensor names, sorted.
 pub fn check_tensor_set(cfg: &ModelConfig, store: &WeightStore) -> Result<Vec<String>> {
+    if cfg.v4.is_some() {
+        // The V4 loader checks every tensor (either naming) and refuses unexpected ones.
+        crate::model::Model::load(cfg.clone(), store)?;
+        let mut mtp: Vec<String> = store
+            .names()
+            .filter(|n| n.starts_with("mtp."))
+            .map(str::to_string)
+            .collect();
+        mtp.sort();
+        return Ok(mtp);
+    }
     // The layer count sizes the list below: check the last layer is there before building it,
     // so an absurd `num_hidden_layers` costs one lookup, not an allocation it names.
     let last = format!(
