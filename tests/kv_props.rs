@@ -227,6 +227,8 @@ fn run(dtype: KvDtype, index_dtype: KvDtype, ops: Vec<Op>) -> Result<(), TestCas
                 dtype: index_dtype,
             },
         ],
+        window: None,
+        window_blocks: 0,
     };
     let mut c = KvCache::new(cfg).unwrap();
     let st = c.stats();

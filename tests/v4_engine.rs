@@ -246,3 +246,85 @@ fn bad_v4_configs_are_refused_with_the_field_named() {
     let err = specmla::kv::KvCache::new(cfg).unwrap_err().to_string();
     assert!(err.contains("block_size"), "{err}");
 }
+
+/// Sliding-window release at the KV level: prefill in chunks of 3 over 4-token blocks, then
+/// decode; after every commit the sequence holds only the window blocks of its lookback, and
+/// every logit is bitwise the one a cache keeping every token gives (and matches transformers).
+#[test]
+fn window_blocks_are_released_and_change_no_bit() {
+    use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
+    use specmla::model::{LogitsMode, Model, SeqChunk};
+    let model = Model::load_dir(&target()).unwrap();
+    let (ids, reference) = common::golden_reference(&target()).remove(0);
+    assert_eq!(ids.len(), 64);
+    let bs = 4;
+    let full = KvConfig::for_model(&model.config, bs, 64, KvDtype::F32);
+    let r0 = full.window.expect("V4 has a window class");
+    assert_eq!(r0, 7); // max(sliding_window - 1, 2 * csa_rate - 1, hca_rate - 1)
+    let run = |kc: KvConfig, chunk: usize| {
+        let mut kv = KvCache::new(kc).unwrap();
+        let mut seq = SeqKv::new();
+        let (mut out, mut pos, mut held_max) = (Vec::new(), 0, 0);
+        while pos < ids.len() {
+            let end = (pos + chunk).min(ids.len());
+            let plan = kv.plan_grow(&seq, end).unwrap();
+            kv.commit_grow(&mut seq, plan);
+            let chunks = [SeqChunk {
+                kv: &seq,
+                start: pos,
+                tokens: &ids[pos..end],
+                mha_until: 0,
+                logits: LogitsMode::All,
+            }];
+            out.extend(model.forward(&mut kv, &chunks).unwrap());
+            kv.set_len(&mut seq, end);
+            kv.check_invariants(&[&seq]).unwrap();
+            held_max = held_max.max(seq.window_table().1.len());
+            pos = end;
+        }
+        kv.free(&mut seq);
+        kv.check_invariants(&[]).unwrap();
+        let st = kv.stats();
+        assert_eq!(st.window_free_blocks, st.window_blocks);
+        (out, held_max)
+    };
+    let (kept, _) = run(full.clone().without_window(), 3);
+    for chunk in [1, 3, 5] {
+        let (got, held) = run(full.clone().with_window_blocks(8), chunk);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&kept),
+            "chunk {chunk}: window release changed logits"
+        );
+        assert!(
+            held <= (r0 + chunk).div_ceil(bs) + 1,
+            "chunk {chunk}: {held} window blocks held"
+        );
+        let tol = 1e-4 * reference.iter().fold(1f32, |m, x| m.max(x.abs()));
+        assert!(common::max_abs_diff(&got, &reference) <= tol);
+    }
+}
+
+/// A window pool too small for every running request at once: requests are preempted and
+/// recomputed, outputs stay bitwise the same.
+#[test]
+fn a_small_window_pool_preempts_without_changing_outputs() {
+    let reqs = requests(12);
+    let base = baseline(&reqs);
+    let mut c = spec_test_cfg(SpecMode::Fixed(3));
+    c.kv_window_blocks = Some(8);
+    c.block_size = 4;
+    c.max_batch_tokens = 8;
+    let e = Engine::new(&target(), DraftSource::Dir(golden("v4_sliding")), c.clone()).unwrap();
+    let got = run(&e, &reqs);
+    assert_same_outputs("small window pool", &base, &got, &reqs);
+    assert!(got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0);
+    assert_eq!(e.stats().kv.window_blocks, 8);
+    // a pool that cannot hold one step of one request is refused, naming the field
+    c.kv_window_blocks = Some(4);
+    let err = Engine::new(&target(), DraftSource::None, c)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("kv_window_blocks"), "{err}");
+}

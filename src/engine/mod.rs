@@ -58,6 +58,10 @@ pub struct EngineConfig {
     pub num_blocks: usize,
     /// Draft KV pool size in blocks.
     pub draft_num_blocks: usize,
+    /// Blocks of the target's sliding-window pool (V4's K=V rows and compressor inputs; each
+    /// sequence holds only the blocks of its lookback). None = enough for `max_running`
+    /// sequences' lookback plus one prefill chunk, at most `num_blocks`. Ignored by MLA models.
+    pub kv_window_blocks: Option<usize>,
     /// Per-step token budget (prefill is chunked to fit).
     pub max_batch_tokens: usize,
     /// Maximum requests running at once.
@@ -81,6 +85,7 @@ impl Default for EngineConfig {
             block_size: 16,
             num_blocks: 2048,
             draft_num_blocks: 2048,
+            kv_window_blocks: None,
             max_batch_tokens: 512,
             max_running: 64,
             prefix_cache: true,
@@ -247,10 +252,28 @@ impl Engine {
             ));
         }
         let c = &model.config;
-        let kv = KvCache::new(
-            KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype)
-                .with_index_dtype(cfg.index_kv_dtype.unwrap_or(cfg.kv_dtype)),
-        )?;
+        let kc = KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype)
+            .with_index_dtype(cfg.index_kv_dtype.unwrap_or(cfg.kv_dtype));
+        // One step of one request needs the window blocks of [len - r0, len + chunk).
+        let bs = cfg.block_size;
+        let chunk = cfg.max_batch_tokens.min(cfg.num_blocks.saturating_mul(bs));
+        let need = kc.window.map_or(0, |r0| (r0 + chunk).div_ceil(bs) + 1);
+        let window_blocks = match (cfg.kv_window_blocks, kc.window) {
+            (Some(n), Some(r0)) if n < need => {
+                return Err(Error::InvalidArgument(format!(
+                    "kv_window_blocks {n} cannot hold one step of one request: the lookback \
+                     ({r0} tokens) plus a chunk of {chunk} tokens need {need} blocks of {bs}"
+                )));
+            }
+            (Some(n), _) => n,
+            (None, Some(r0)) => {
+                let per_seq = (r0 + 16).div_ceil(bs) + 2;
+                let want = cfg.max_running.saturating_mul(per_seq) + chunk.div_ceil(bs) + 1;
+                want.min(cfg.num_blocks).max(need)
+            }
+            (None, None) => 0,
+        };
+        let kv = KvCache::new(kc.with_window_blocks(window_blocks))?;
         let special = |name: &str| {
             tokenizer
                 .as_ref()

@@ -412,6 +412,8 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         block_size: p.block_size as usize,
         num_blocks: p.kv_num_blocks as usize,
         draft_num_blocks: p.draft_kv_num_blocks as usize,
+        // the engine's default sizing (the C params have no field for it yet)
+        kv_window_blocks: None,
         max_batch_tokens: p.max_batch_tokens as usize,
         max_running: p.max_running as usize,
         prefix_cache: p.prefix_cache,

@@ -25,6 +25,7 @@ use super::pool::KvPool;
 use super::prefix_cache::{Parent, PrefixCache};
 use super::seq::{KvPlan, SeqKv};
 use super::spec::{KvConfig, KvGroupSpec, KvKind};
+use super::window::WinClass;
 use crate::error::{Error, Result};
 
 /// Occupancy and prefix-cache counters.
@@ -50,6 +51,11 @@ pub struct KvStats {
     pub total_bytes: usize,
     /// Byte accounting per group, in group order.
     pub groups: Vec<KvGroupStats>,
+    /// Window class (V4): its pool's blocks, free blocks and evictable (cached) blocks; all 0
+    /// without one.
+    pub window_blocks: usize,
+    pub window_free_blocks: usize,
+    pub window_cached_blocks: usize,
 }
 
 /// One group's share of the pool.
@@ -77,6 +83,8 @@ pub struct KvCache {
     pools: Vec<KvPool>,
     alloc: BlockAllocator,
     pub(super) prefix: PrefixCache,
+    /// The sliding-window table class (`KvConfig::window`).
+    win: Option<WinClass>,
     total_bytes: usize,
     prefix_hit_tokens: u64,
     prefix_query_tokens: u64,
@@ -152,24 +160,34 @@ impl KvCache {
                 ));
             }
         }
-        let per_block = cfg.groups.iter().try_fold(0usize, |acc, g| {
+        if cfg.window.is_some() {
+            nonzero("window_blocks", cfg.window_blocks)?;
+            if cfg.window_blocks > u32::MAX as usize {
+                return Err(Error::config("window_blocks", "exceeds u32::MAX"));
+            }
+        }
+        let windowed = |g: &KvGroupSpec| cfg.window.is_some() && g.kind.is_windowed();
+        let total = cfg.groups.iter().try_fold(0usize, |acc, g| {
+            let blocks = if windowed(g) {
+                cfg.window_blocks
+            } else {
+                cfg.num_blocks
+            };
             g.entry_bytes()
                 .checked_mul(g.num_layers)
                 .and_then(|b| b.checked_mul(g.kind.slots_per_block(cfg.block_size)))
+                .and_then(|b| b.checked_mul(blocks))
                 .and_then(|b| acc.checked_add(b))
         });
-        let total = per_block
-            .and_then(|b| cfg.num_blocks.checked_mul(b))
-            .filter(|&n| n <= isize::MAX as usize)
-            .ok_or_else(|| {
-                Error::config(
-                    "num_blocks",
-                    format!(
-                        "KV pool of {} blocks x {} tokens is too large",
-                        cfg.num_blocks, cfg.block_size
-                    ),
-                )
-            })?;
+        let total = total.filter(|&n| n <= isize::MAX as usize).ok_or_else(|| {
+            Error::config(
+                "num_blocks",
+                format!(
+                    "KV pool of {} blocks x {} tokens is too large",
+                    cfg.num_blocks, cfg.block_size
+                ),
+            )
+        })?;
         // Bookkeeping per block (allocator, prefix cache) is allocated eagerly, the slots lazily;
         // a pool the machine cannot hold is refused here instead of aborting on allocation.
         let bookkeeping = cfg.num_blocks.saturating_mul(64);
@@ -192,8 +210,18 @@ impl KvCache {
             pools: cfg
                 .groups
                 .iter()
-                .map(|g| KvPool::new(g, cfg.num_blocks * g.kind.slots_per_block(cfg.block_size)))
+                .map(|g| {
+                    let blocks = if windowed(g) {
+                        cfg.window_blocks
+                    } else {
+                        cfg.num_blocks
+                    };
+                    KvPool::new(g, blocks * g.kind.slots_per_block(cfg.block_size))
+                })
                 .collect(),
+            win: cfg
+                .window
+                .map(|r0| WinClass::new(r0, cfg.window_blocks, cfg.block_size)),
             alloc: BlockAllocator::new(cfg.num_blocks),
             prefix: PrefixCache::new(cfg.num_blocks, cfg.block_size),
             total_bytes: total,
@@ -256,10 +284,28 @@ impl KvCache {
                 "growing to {new_len} tokens needs {need} more blocks; {avail} free or evictable"
             )));
         }
+        let (mut win_base, mut win_drop, mut win_new) = (0, 0, 0);
+        if let Some(w) = &self.win {
+            let bs = self.cfg.block_size;
+            let (drop, freed) = w.droppable(seq, bs);
+            win_base = seq.win_first + seq.win.len();
+            win_drop = drop;
+            win_new = total.saturating_sub(win_base);
+            let avail = w.alloc.available() + freed;
+            if win_new > avail {
+                return Err(Error::KvExhausted(format!(
+                    "growing to {new_len} tokens needs {win_new} more sliding-window blocks; \
+                     {avail} free or evictable"
+                )));
+            }
+        }
         Ok(KvPlan {
             base_blocks: seq.blocks.len(),
             new_blocks: need,
             target_len: new_len,
+            win_base,
+            win_drop,
+            win_new,
         })
     }
 
@@ -279,6 +325,18 @@ impl KvCache {
         for _ in 0..plan.new_blocks {
             let b = self.take_block().expect("checked above");
             seq.blocks.push(b);
+        }
+        if let Some(w) = &mut self.win {
+            assert_eq!(
+                seq.win_first + seq.win.len(),
+                plan.win_base,
+                "kv: commit_grow with a plan for another window table"
+            );
+            w.drop_front(seq, plan.win_drop);
+            for _ in 0..plan.win_new {
+                let b = w.take().expect("kv: commit_grow with a stale window plan");
+                seq.win.push(b);
+            }
         }
     }
 
@@ -304,43 +362,94 @@ impl KvCache {
     /// available for the copy, the partial block is dropped too and len rounds down to the block
     /// boundary (check `seq.len()`).
     pub fn truncate(&mut self, seq: &mut SeqKv, new_len: usize) {
+        let bs = self.cfg.block_size;
+        if let Some(w) = &self.win {
+            assert!(
+                new_len >= seq.len || seq.win.is_empty() || seq.win_first <= w.floor(new_len, bs),
+                "kv: truncate to {new_len} below the sliding window (blocks below {} released)",
+                seq.win_first
+            );
+        }
         let keep = self.blocks_for(new_len).min(seq.blocks.len());
         self.release_tail(seq, keep);
+        if let Some(w) = &mut self.win {
+            w.release_tail(seq, keep);
+        }
         seq.len = seq.len.min(new_len);
-        let bs = self.cfg.block_size;
         let (idx, in_block) = (seq.len / bs, seq.len % bs);
         if in_block == 0 || idx >= seq.blocks.len() {
             return;
         }
+        if !self.make_private(seq, idx, in_block) {
+            self.release_tail(seq, idx);
+            if let Some(w) = &mut self.win {
+                w.release_tail(seq, idx);
+            }
+            seq.len = idx * bs;
+        }
+    }
+
+    /// Make block index `idx` (its first `in_block` rows kept) private to `seq` in every table
+    /// class: copy-on-write when shared, un-publish when only prefix-cached. False when no block
+    /// is left for a copy.
+    fn make_private(&mut self, seq: &mut SeqKv, idx: usize, in_block: usize) -> bool {
+        let bs = self.cfg.block_size;
+        let windowed = |g: &KvGroupSpec, win: bool| win && g.kind.is_windowed();
+        let has_win = self.win.is_some();
         let b = seq.blocks[idx];
         if self.alloc.refcount(b) > 1 {
-            match self.take_block() {
-                Some(nb) => {
-                    for (pool, g) in self.pools.iter_mut().zip(&self.cfg.groups) {
-                        if g.kind.rate() == 1 {
-                            pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
-                        } else {
-                            let spb = g.kind.slots_per_block(bs);
-                            pool.copy_slots(b as usize * spb, nb as usize * spb, spb);
-                        }
-                    }
-                    self.release(b);
-                    seq.blocks[idx] = nb;
+            let Some(nb) = self.take_block() else {
+                return false;
+            };
+            for (pool, g) in self.pools.iter_mut().zip(&self.cfg.groups) {
+                if windowed(g, has_win) {
+                    continue;
                 }
-                None => {
-                    self.release_tail(seq, idx);
-                    seq.len = idx * bs;
+                if g.kind.rate() == 1 {
+                    pool.copy_slots(b as usize * bs, nb as usize * bs, in_block);
+                } else {
+                    let spb = g.kind.slots_per_block(bs);
+                    pool.copy_slots(b as usize * spb, nb as usize * spb, spb);
                 }
             }
+            self.release(b);
+            seq.blocks[idx] = nb;
         } else if self.prefix.is_cached(b) {
             self.prefix.remove(b);
         }
+        let Some(w) = &mut self.win else {
+            return true;
+        };
+        if idx < seq.win_first || idx >= seq.win_first + seq.win.len() {
+            return true;
+        }
+        let j = idx - seq.win_first;
+        let wb = seq.win[j];
+        if w.alloc.refcount(wb) > 1 {
+            let Some(nb) = w.take() else {
+                return false;
+            };
+            for (pool, g) in self.pools.iter_mut().zip(&self.cfg.groups) {
+                if windowed(g, true) {
+                    pool.copy_slots(wb as usize * bs, nb as usize * bs, in_block);
+                }
+            }
+            w.release(wb);
+            seq.win[j] = nb;
+        } else if w.prefix.is_cached(wb) {
+            w.prefix.remove(wb);
+        }
+        true
     }
 
     /// Release all blocks of a sequence (tail first, so the tail is evicted before the prefix).
     /// The sequence becomes empty; freeing it again is a no-op.
     pub fn free(&mut self, seq: &mut SeqKv) {
         self.release_tail(seq, 0);
+        if let Some(w) = &mut self.win {
+            w.release_tail(seq, 0);
+        }
+        seq.win_first = 0;
         seq.len = 0;
     }
 
@@ -381,13 +490,35 @@ impl KvCache {
             "kv: entry parts do not match the {} layout",
             g.kind.name()
         );
-        let b = seq.blocks[pos / bs];
+        let (b, in_win) = self.block_at(group, seq, pos);
+        let private = match (&self.win, in_win) {
+            (Some(w), true) => w.alloc.refcount(b) == 1 && !w.prefix.is_cached(b),
+            _ => self.alloc.refcount(b) == 1 && !self.prefix.is_cached(b),
+        };
         assert!(
-            self.alloc.refcount(b) == 1 && !self.prefix.is_cached(b),
+            private,
             "kv: write to shared or prefix-cached block {b} (pos {pos}, len {})",
             seq.len
         );
         self.pools[group].write_entry(layer, b as usize * bs + pos % bs, parts);
+    }
+
+    /// Physical block holding position `pos` of `group` for `seq`, and whether it is a
+    /// window-class block.
+    fn block_at(&self, group: usize, seq: &SeqKv, pos: usize) -> (u32, bool) {
+        let bi = pos / self.cfg.block_size;
+        if self.win.is_some() && self.cfg.groups[group].kind.is_windowed() {
+            assert!(
+                bi >= seq.win_first && bi < seq.win_first + seq.win.len(),
+                "kv: position {pos} of {} is outside the held sliding window (blocks {}..{})",
+                self.cfg.groups[group].kind.name(),
+                seq.win_first,
+                seq.win_first + seq.win.len()
+            );
+            (seq.win[bi - seq.win_first], true)
+        } else {
+            (seq.blocks[bi], false)
+        }
     }
 
     /// Slot of compressed entry `entry` of `group` for `seq`: in the block of the token that
@@ -488,9 +619,9 @@ impl KvCache {
         let pool = &self.pools[group];
         let mut pos = start;
         while pos < end {
-            let (bi, off) = (pos / bs, pos % bs);
+            let off = pos % bs;
             let n = (bs - off).min(end - pos);
-            let slot = seq.blocks[bi] as usize * bs + off;
+            let slot = self.block_at(group, seq, pos).0 as usize * bs + off;
             let o = (pos - start) * w;
             pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, width]
             pos += n;
@@ -520,13 +651,13 @@ impl KvCache {
         while i < positions.len() {
             let p = positions[i] as usize;
             assert!(p < cap, "kv: read at {p} beyond capacity {cap}");
-            let (bi, off) = (p / bs, p % bs);
+            let off = p % bs;
             // extend the run while positions stay consecutive inside the block
             let mut n = 1;
             while i + n < positions.len() && positions[i + n] as usize == p + n && off + n < bs {
                 n += 1;
             }
-            let slot = seq.blocks[bi] as usize * bs + off;
+            let slot = self.block_at(group, seq, p).0 as usize * bs + off;
             pool.read_slots(layer, slot, n, &mut out[i * w..(i + n) * w]); // [n, width]
             i += n;
         }
@@ -541,15 +672,41 @@ impl KvCache {
         let n_full = tokens.len().min(max_tokens) / bs;
         let mut seq = SeqKv::new();
         let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
+        let (mut hashes, mut mains) = (Vec::new(), Vec::new());
         for toks in tokens.chunks_exact(bs).take(n_full) {
             let h = self.prefix.hash(prev, toks);
             let Some(b) = self.prefix.lookup(h, parent, toks) else {
                 break;
             };
-            self.alloc.incref(b);
             seq.blocks.push(b);
             prev = Some(h);
             parent = Some((b, self.prefix.generation(b)));
+            hashes.push(h);
+            mains.push(parent);
+        }
+        if let Some(w) = &self.win {
+            // the longest hit whose lookback rows are all cached in the window class
+            let mut m = seq.blocks.len();
+            let run = loop {
+                if m == 0 {
+                    break Vec::new();
+                }
+                if let Some(run) = w.lookup_run(m, bs, &hashes, tokens, &mains) {
+                    break run;
+                }
+                m -= 1;
+            };
+            seq.blocks.truncate(m);
+            seq.win_first = m - run.len();
+            seq.win = run;
+        }
+        for &b in &seq.blocks {
+            self.alloc.incref(b);
+        }
+        if let Some(w) = &mut self.win {
+            for &b in &seq.win {
+                w.alloc.incref(b);
+            }
         }
         seq.len = seq.blocks.len() * bs;
         self.prefix_hit_tokens += seq.len as u64;
@@ -578,6 +735,11 @@ impl KvCache {
             };
             prev = Some(h);
             parent = Some((canonical, self.prefix.generation(canonical)));
+            if let Some(w) = &mut self.win {
+                if i >= seq.win_first && i < seq.win_first + seq.win.len() {
+                    w.publish(seq.win[i - seq.win_first], h, parent, toks);
+                }
+            }
         }
     }
 
@@ -586,6 +748,11 @@ impl KvCache {
     pub fn reset_prefix_cache(&mut self, salt: u64) {
         for b in self.prefix.reset(salt) {
             self.alloc.uncache(b);
+        }
+        if let Some(w) = &mut self.win {
+            for b in w.prefix.reset(salt) {
+                w.alloc.uncache(b);
+            }
         }
     }
 
@@ -614,9 +781,17 @@ impl KvCache {
                     width: g.kind.width(),
                     bytes_per_token_per_layer: g.entry_bytes(),
                     bytes_per_token: g.bytes_per_block(self.cfg.block_size) / self.cfg.block_size,
-                    total_bytes: g.bytes_per_block(self.cfg.block_size) * self.cfg.num_blocks,
+                    total_bytes: g.bytes_per_block(self.cfg.block_size)
+                        * if self.win.is_some() && g.kind.is_windowed() {
+                            self.cfg.window_blocks
+                        } else {
+                            self.cfg.num_blocks
+                        },
                 })
                 .collect(),
+            window_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_blocks()),
+            window_free_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_free()),
+            window_cached_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_evictable()),
         }
     }
 
@@ -634,6 +809,9 @@ impl KvCache {
                 self.release(b);
                 dropped += 1;
             }
+        }
+        if let Some(w) = &mut self.win {
+            dropped += w.reclaim(live);
         }
         dropped
     }
@@ -713,6 +891,9 @@ impl KvCache {
         }
         if evictable != self.alloc.num_evictable() || self.alloc.num_blocks() != n {
             return Err("evictable set holds unknown blocks".into());
+        }
+        if let Some(w) = &self.win {
+            w.check(live, bs)?;
         }
         self.prefix.check()
     }

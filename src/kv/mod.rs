@@ -22,6 +22,7 @@ mod seq;
 mod spec;
 #[cfg(test)]
 mod tests;
+mod window;
 
 pub use cache::{KvCache, KvGroupStats, KvStats};
 pub use dtype::KvDtype;

@@ -16,6 +16,11 @@ pub struct SeqKv {
     pub(crate) blocks: Vec<u32>,
     /// Committed tokens.
     pub(crate) len: usize,
+    /// Window-class block table (caches with `KvConfig::window`): block index `i >=
+    /// win_first` is `win[i - win_first]`; the indices below were released (see `kv::window`).
+    pub(crate) win: Vec<u32>,
+    /// First window block index still held.
+    pub(crate) win_first: usize,
 }
 
 impl SeqKv {
@@ -35,6 +40,10 @@ impl SeqKv {
     pub fn blocks(&self) -> &[u32] {
         &self.blocks
     }
+    /// The window-class table: (first block index still held, the held blocks).
+    pub fn window_table(&self) -> (usize, &[u32]) {
+        (self.win_first, &self.win)
+    }
 }
 
 /// What `KvCache::commit_grow` will do: plain data computed by `KvCache::plan_grow`.
@@ -46,6 +55,11 @@ pub struct KvPlan {
     pub(crate) new_blocks: usize,
     /// Token capacity requested.
     pub(crate) target_len: usize,
+    /// Window class: end of the window table when planned, blocks the commit drops from its
+    /// front, blocks it appends.
+    pub(crate) win_base: usize,
+    pub(crate) win_drop: usize,
+    pub(crate) win_new: usize,
 }
 
 impl KvPlan {

@@ -80,6 +80,15 @@ impl KvKind {
         }
     }
 
+    /// Whether rows of this kind are only read within a bounded lookback (V4's K=V rows and
+    /// compressor inputs): such groups live in the cache's window class when it has one.
+    pub fn is_windowed(&self) -> bool {
+        matches!(
+            self,
+            KvKind::SwaKv { .. } | KvKind::CsaInput { .. } | KvKind::HcaInput { .. }
+        )
+    }
+
     /// Entry slots one block of `block_size` tokens holds: `block_size / rate`, at least 1 (a
     /// rate above the block size leaves most blocks without an entry; their slot stays unused).
     pub fn slots_per_block(&self, block_size: usize) -> usize {
@@ -161,6 +170,12 @@ pub struct KvConfig {
     pub num_blocks: usize,
     /// Group 0 is always the MLA latent ([`KvCache::LATENT`](super::KvCache::LATENT)).
     pub groups: Vec<KvGroupSpec>,
+    /// Lookback of the windowed groups ([`KvKind::is_windowed`]): with `Some(r0)` they live in
+    /// a window class of their own (`kv::window`) and a sequence keeps only the blocks holding
+    /// positions `>= len - r0`; `None`: every group keeps every token.
+    pub window: Option<usize>,
+    /// Blocks of the window class's pool (used only with `window`).
+    pub window_blocks: usize,
 }
 
 impl KvConfig {
@@ -196,6 +211,8 @@ impl KvConfig {
             block_size,
             num_blocks,
             groups,
+            window: None,
+            window_blocks: 0,
         }
     }
 
@@ -242,11 +259,58 @@ impl KvConfig {
                 hca,
             ));
         }
+        // Rows read after committing L tokens: the window [q + 1 - W, q] of queries q >= L, CSA
+        // windows closing at p >= L read inputs from p + 1 - 2m, HCA ones from p + 1 - m.
+        let mut r0 = v.sliding_window.saturating_sub(1);
+        if csa > 0 {
+            r0 = r0.max(2 * v.csa_rate - 1);
+        }
+        if hca > 0 {
+            r0 = r0.max(v.hca_rate - 1);
+        }
         KvConfig {
             block_size,
             num_blocks,
             groups,
+            window: Some(r0),
+            window_blocks: num_blocks,
         }
+    }
+
+    /// The same cache with `n` blocks in its window class (no effect without one).
+    pub fn with_window_blocks(mut self, n: usize) -> Self {
+        self.window_blocks = n;
+        self
+    }
+
+    /// The same cache with every group keeping every token (no window class).
+    pub fn without_window(mut self) -> Self {
+        self.window = None;
+        self.window_blocks = 0;
+        self
+    }
+
+    /// Bytes one sequence of `context` tokens holds resident: every token's block of the main
+    /// groups, and of the windowed groups only the blocks covering the lookback (+ the block
+    /// being written).
+    pub fn resident_bytes(&self, context: usize) -> usize {
+        let bs = self.block_size;
+        let blocks = context.div_ceil(bs);
+        let win_blocks = match self.window {
+            Some(r0) => blocks.min(r0.div_ceil(bs) + 1),
+            None => blocks,
+        };
+        self.groups
+            .iter()
+            .map(|g| {
+                let n = if self.window.is_some() && g.kind.is_windowed() {
+                    win_blocks
+                } else {
+                    blocks
+                };
+                g.bytes_per_block(bs) * n
+            })
+            .sum()
     }
 
     /// A cache holding only an MLA latent of `num_layers` layers (V2 / V3 models).
@@ -269,6 +333,8 @@ impl KvConfig {
                 num_layers,
                 dtype,
             }],
+            window: None,
+            window_blocks: 0,
         }
     }
 

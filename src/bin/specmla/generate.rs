@@ -137,6 +137,7 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         block_size: a.block_size,
         num_blocks: a.num_blocks,
         draft_num_blocks: a.num_blocks,
+        kv_window_blocks: None,
         max_batch_tokens: a.max_batch_tokens,
         max_running: a.max_running,
         prefix_cache: !a.no_prefix_cache,

@@ -141,6 +141,7 @@ pub fn run(
         block_size,
         num_blocks,
         draft_num_blocks: 1,
+        kv_window_blocks: None,
         max_batch_tokens: max_prefill.max(max_batch * decode_prompt_len),
         max_running: max_batch.max(1),
         prefix_cache: false,

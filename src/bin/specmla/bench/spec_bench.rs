@@ -361,6 +361,7 @@ fn run_target(
         block_size,
         num_blocks: per_req * max_batch + 8,
         draft_num_blocks: per_req * max_batch + 8,
+        kv_window_blocks: None,
         max_batch_tokens: 512,
         max_running: max_batch,
         prefix_cache: true,

@@ -84,6 +84,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         block_size,
         num_blocks: blocks,
         draft_num_blocks: blocks,
+        kv_window_blocks: None,
         max_batch_tokens: 512,
         max_running: batch,
         prefix_cache: true,
