@@ -376,7 +376,34 @@ impl ModelConfig {
         let quantization = self.quantization.map(|q| {
             json!({ "method": "fp8", "fmt": "e4m3", "weight_block_size": [q.block_rows, q.block_cols] })
         });
+        let v4 = self.v4.as_ref().map(|v| {
+            json!({
+                "head_dim": v.head_dim,
+                "rope_dim": v.rope_dim,
+                "layer_types": v.layer_types.iter().map(|k| k.as_str()).collect::<Vec<_>>(),
+                "hash_layers": v.hash_layers,
+                "compress_rates": {"compressed_sparse_attention": v.csa_rate, "heavily_compressed_attention": v.hca_rate},
+                "sliding_window": v.sliding_window,
+                "index_n_heads": v.index_n_heads,
+                "index_head_dim": v.index_head_dim,
+                "index_topk": v.index_topk,
+                "hc_mult": v.hc_mult,
+                "hc_sinkhorn_iters": v.hc_sinkhorn_iters,
+                "o_groups": v.o_groups,
+                "o_lora_rank": v.o_lora_rank,
+                "n_routed_experts": v.n_routed_experts,
+                "num_experts_per_tok": v.num_experts_per_tok,
+                "moe_intermediate_size": v.moe_intermediate_size,
+                "scoring_func": match v.scoring { crate::config::V4Scoring::SqrtSoftplus => "sqrtsoftplus", crate::config::V4Scoring::Sigmoid => "sigmoid" },
+                "swiglu_limit": v.swiglu_limit,
+                "routed_scaling_factor": v.routed_scaling_factor,
+                "rope_theta_main": v.main_theta,
+                "rope_theta_compress": v.compress_theta,
+                "compress_yarn": v.compress_yarn.as_ref().map(|y| y.factor),
+            })
+        });
         json!({
+            "v4": v4,
             "model_type": self.model_type.as_str(),
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,

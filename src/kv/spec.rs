@@ -11,16 +11,13 @@
 //! entry (values plus fp8 scales), and a pool of `B` blocks of `b` tokens stores exactly
 //! `B * b * sum_g(entry_bytes_g * layers_g)` bytes. Each group has its own dtype.
 //!
-//! Design for the kinds DeepSeek V4 adds (not built yet; `KvCache` accepts only the kinds below):
-//! a group also carries a *retention* — `Full` (today: one entry per token, kept while the
-//! sequence lives), `Window(w)` (a sliding window: blocks wholly older than `len - w - slack` are
-//! released back to the pool; `slack` covers a speculation rollback), and `Compressed(m)` (one
-//! entry per `m` tokens, formed when the m-th token commits, with the partial entry recomputed
-//! from the uncompressed tail the group keeps). Groups of the same retention share one block
-//! table per sequence (so V3.2's latent and index keys share one); a different retention gets
-//! its own table in `SeqKv`, from the same allocator, and its own prefix-cache rule (exact only at
-//! entry boundaries). Entries per block are `block_size / m` for a compressed group, so one
-//! block id still names one page of every group in its table class.
+//! DeepSeek V4's kinds: its K=V rows and compressor inputs are *windowed* (read only within a
+//! lookback `r0`, see [`KvConfig::window`]): they live in a window table class with its own pool
+//! and block table per sequence (`kv::window`), blocks wholly older than `len - r0` released at
+//! the next commit. Its compressed entries (one per `rate` tokens, formed when the closing token
+//! is written) live in the main table: entry `w` sits in the block of position `(w + 1) * rate -
+//! 1`, `block_size / rate` entries per block (one when the rate is larger), so truncation,
+//! copy-on-write, prefix caching and preemption treat them like any per-token group.
 
 use super::dtype::{fp8_groups, KvDtype};
 use crate::config::{ModelConfig, V4Attn, V4Config};

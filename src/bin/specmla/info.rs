@@ -1,6 +1,7 @@
 //! `specmla info`: model summary, parameter count, weight bytes per dtype, the kernels (ISA) in
 //! use, KV bytes per token per cache dtype and per cache group (MLA latent; V3.2 index keys), and
-//! the resident KV bytes of one sequence at 8k and 128k tokens.
+//! the resident KV bytes of one sequence at 8k, 128k and 1M tokens (V4: per layer type too, with
+//! the sliding-window rows counted over their lookback only).
 
 use std::path::PathBuf;
 
@@ -18,6 +19,39 @@ pub struct InfoArgs {
     /// Kernel instruction set to report: auto (the best this CPU has), portable, avx2, avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
+}
+
+/// V4: per layer type, the layers of that type and one layer's resident KV bytes per token at
+/// 8k / 128k / 1M context (window rows counted over the lookback only, compressed entries for the
+/// whole context).
+fn layer_types(kc: &KvConfig, v4: &specmla::config::V4Config) -> serde_json::Value {
+    use specmla::config::V4Attn;
+    let mut out = serde_json::Map::new();
+    for (kind, groups) in [
+        (V4Attn::Sliding, &["swa_kv"][..]),
+        (V4Attn::Csa, &["swa_kv", "csa_input", "csa_entry"][..]),
+        (V4Attn::Hca, &["swa_kv", "hca_input", "hca_entry"][..]),
+    ] {
+        let layers = v4.layers_of(kind);
+        if layers == 0 {
+            continue;
+        }
+        let mut one = kc.clone();
+        one.groups.retain(|g| groups.contains(&g.kind.name()));
+        one.groups.iter_mut().for_each(|g| g.num_layers = 1);
+        let per_token = |ctx: usize| one.resident_bytes(ctx) as f64 / ctx as f64;
+        out.insert(
+            kind.as_str().into(),
+            json!({
+                "layers": layers,
+                "compress_rate": v4.rate(kind),
+                "bytes_per_token_per_layer_8k": per_token(8192),
+                "bytes_per_token_per_layer_128k": per_token(131072),
+                "bytes_per_token_per_layer_1m": per_token(1 << 20),
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
 }
 
 pub fn run(a: InfoArgs) -> Result<()> {
@@ -47,16 +81,20 @@ pub fn run(a: InfoArgs) -> Result<()> {
             })
             .collect();
         let per_token = cache.bytes_per_token();
-        kv.insert(
-            dt.name().into(),
-            json!({
-                "bytes_per_token_per_layer": cache.bytes_per_token_per_layer(),
-                "bytes_per_token": per_token,
-                "groups": groups,
-                "resident_bytes_8k": per_token * 8192,
-                "resident_bytes_128k": per_token * 131072,
-            }),
-        );
+        let kc = cache.config();
+        let mut entry = json!({
+            "bytes_per_token_per_layer": cache.bytes_per_token_per_layer(),
+            "bytes_per_token": per_token,
+            "groups": groups,
+            "resident_bytes_8k": kc.resident_bytes(8192),
+            "resident_bytes_128k": kc.resident_bytes(131072),
+            "resident_bytes_1m": kc.resident_bytes(1 << 20),
+        });
+        if let (Some(v4), Some(r0)) = (&c.v4, kc.window) {
+            entry["sliding_window_lookback_tokens"] = json!(r0);
+            entry["per_layer_type"] = layer_types(kc, v4);
+        }
+        kv.insert(dt.name().into(), entry);
     }
     let v = json!({
         "model_dir": a.model,

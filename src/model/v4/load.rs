@@ -324,3 +324,90 @@ fn load_layer(nm: &Names, cfg: &ModelConfig, v: &V4Config, i: usize) -> Result<V
         ffn,
     })
 }
+
+/// Every tensor a V4 checkpoint of `cfg` holds, in transformers' `save_pretrained` naming, with
+/// its shape (`tid2eid` is an integer table; everything else floats). For writers of synthetic
+/// checkpoints (`specmla bench --v4`).
+pub fn v4_tensor_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let v = cfg.v4.as_ref().expect("a V4 config");
+    let (h, vocab, heads, d) = (
+        cfg.hidden_size,
+        cfg.vocab_size,
+        cfg.num_attention_heads,
+        v.head_dim,
+    );
+    let n = v.hc_mult;
+    let mut out = vec![
+        (s("model.embed_tokens.weight"), vec![vocab, h]),
+        (s("model.norm.weight"), vec![h]),
+        (s("model.hc_head.hc_fn"), vec![n, n * h]),
+        (s("model.hc_head.hc_base"), vec![n]),
+        (s("model.hc_head.hc_scale"), vec![1]),
+    ];
+    if !cfg.tie_word_embeddings {
+        out.push((s("head.weight"), vec![vocab, h]));
+    }
+    let m = (2 + n) * n;
+    for i in 0..cfg.num_hidden_layers {
+        let p = |x: &str| format!("model.layers.{i}.{x}");
+        for which in ["attn", "ffn"] {
+            out.push((p(&format!("hc_{which}_fn")), vec![m, n * h]));
+            out.push((p(&format!("hc_{which}_base")), vec![m]));
+            out.push((p(&format!("hc_{which}_scale")), vec![3]));
+        }
+        out.push((p("attn_norm.weight"), vec![h]));
+        out.push((p("ffn_norm.weight"), vec![h]));
+        let (g, r) = (v.o_groups, v.o_lora_rank);
+        for (name, shape) in [
+            ("attn.wq_a.weight", vec![v.q_lora_rank, h]),
+            ("attn.q_norm.weight", vec![v.q_lora_rank]),
+            ("attn.wq_b.weight", vec![heads * d, v.q_lora_rank]),
+            ("attn.wkv.weight", vec![d, h]),
+            ("attn.norm.weight", vec![d]),
+            ("attn.wo_a.weight", vec![g * r, heads * d / g]),
+            ("attn.wo_b.weight", vec![h, g * r]),
+            ("attn.attn_sink", vec![heads]),
+        ] {
+            out.push((p(name), shape));
+        }
+        let mut comp = |pre: &str, dim: usize, rate: usize, k: usize| {
+            out.push((p(&format!("{pre}.wkv.weight")), vec![k * dim, h]));
+            out.push((p(&format!("{pre}.wgate.weight")), vec![k * dim, h]));
+            out.push((p(&format!("{pre}.ape")), vec![rate, k * dim]));
+            out.push((p(&format!("{pre}.norm.weight")), vec![dim]));
+        };
+        match v.layer_types[i] {
+            V4Attn::Sliding => {}
+            V4Attn::Hca => comp("attn.compressor", d, v.hca_rate, 1),
+            V4Attn::Csa => {
+                comp("attn.compressor", d, v.csa_rate, 2);
+                comp("attn.indexer.compressor", v.index_head_dim, v.csa_rate, 2);
+                out.push((
+                    p("attn.indexer.wq_b.weight"),
+                    vec![v.index_n_heads * v.index_head_dim, v.q_lora_rank],
+                ));
+                out.push((
+                    p("attn.indexer.weights_proj.weight"),
+                    vec![v.index_n_heads, h],
+                ));
+            }
+        }
+        let e = v.n_routed_experts;
+        out.push((p("ffn.gate.weight"), vec![e, h]));
+        if v.hash_layers[i] {
+            out.push((p("ffn.gate.tid2eid"), vec![vocab, v.num_experts_per_tok]));
+        } else {
+            out.push((p("ffn.gate.bias"), vec![e]));
+        }
+        let inter = v.moe_intermediate_size;
+        for ex in (0..e)
+            .map(|j| format!("ffn.experts.{j}"))
+            .chain([s("ffn.shared_experts")])
+        {
+            out.push((p(&format!("{ex}.w1.weight")), vec![inter, h]));
+            out.push((p(&format!("{ex}.w2.weight")), vec![h, inter]));
+            out.push((p(&format!("{ex}.w3.weight")), vec![inter, h]));
+        }
+    }
+    out
+}

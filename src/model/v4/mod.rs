@@ -21,6 +21,7 @@ mod load;
 
 pub(crate) use forward::v4_forward;
 pub(crate) use load::load_v4;
+pub use load::v4_tensor_shapes;
 
 use crate::kernels::Matrix;
 

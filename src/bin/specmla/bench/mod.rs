@@ -10,6 +10,8 @@
 //!   (`spec_bench.rs`).
 //! - V3.2 indexer (`--v32`): decode cost of the lightning indexer and the savings of sparse
 //!   attention at long context, a V3.2-shaped random model against its V3 twin (`v32_bench.rs`).
+//! - V4 (`--v4`): decode tokens/s and KV bytes per token of a V4-shaped random model against a
+//!   V3-shaped one of the same hidden size (`v4_bench.rs`).
 //! - draft swaps (`--swap`): load/apply times, step latency around swaps, KV bytes per token per
 //!   dtype, fp8 vs bf16 draft KV (`swap_bench.rs`).
 //!
@@ -22,6 +24,7 @@ mod random_model;
 mod spec_bench;
 mod swap_bench;
 mod v32_bench;
+mod v4_bench;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -115,6 +118,10 @@ pub struct BenchArgs {
     /// the --long-contexts lengths (default 2048,8192); alone unless --engine / --spec / --swap.
     #[arg(long)]
     pub v32: bool,
+    /// Run the V4 bench: a V4-shaped random model vs a V3-shaped one of the same hidden size,
+    /// batch-1 decode tokens/s and KV bytes per token at the --long-contexts lengths.
+    #[arg(long)]
+    pub v4: bool,
 }
 
 /// One bench section: JSON for machines, lines for people.
@@ -293,7 +300,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
-    let run_engine = a.engine || (!run_spec && !a.swap && !a.v32);
+    let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4);
     let mut sections: Vec<Section> = Vec::new();
     let t0 = Instant::now();
     let load_before = machine_load();
@@ -319,6 +326,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.v32 {
         let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         sections.push(v32_bench::run(&a, &scratch_base)?);
+    }
+    if a.v4 {
+        let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        sections.push(v4_bench::run(&a, &scratch_base)?);
     }
     let load_after = machine_load();
     if a.json {

@@ -133,6 +133,60 @@ impl BenchModelSpec {
     }
 }
 
+impl BenchModelSpec {
+    /// A DeepSeek-V4-shaped config of the same hidden size (2048) and MoE sizes as the V3 / V3.2
+    /// bench models: V4-Flash attention per layer at its real widths (32 heads of 512 with one
+    /// shared K=V head, rope 64, q_lora_rank 1024, o_groups 4 x o_lora_rank 1024, sliding window
+    /// 128, attention sinks), layers alternating CSA (rate 4, 64 index heads x 128, index_topk
+    /// 512) and HCA (rate 128), hc_mult 4, the first layer hash-routed, sqrtsoftplus scores.
+    pub fn v4_config_json(&self) -> Value {
+        let layers = self.num_layers;
+        json!({
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "vocab_size": self.vocab_size,
+            "hidden_size": 2048,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 1,
+            "head_dim": 512,
+            "partial_rotary_factor": 0.125,
+            "q_lora_rank": 1024,
+            "o_groups": 4,
+            "o_lora_rank": 1024,
+            "sliding_window": 128,
+            "layer_types": (0..layers).map(|i| if i % 2 == 0 {
+                "compressed_sparse_attention"
+            } else {
+                "heavily_compressed_attention"
+            }).collect::<Vec<_>>(),
+            "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+            "mlp_layer_types": (0..layers).map(|i| if i == 0 { "hash_moe" } else { "moe" }).collect::<Vec<_>>(),
+            "index_n_heads": 64,
+            "index_head_dim": 128,
+            "index_topk": 512,
+            "hc_mult": 4,
+            "hc_sinkhorn_iters": 20,
+            "n_routed_experts": self.n_routed_experts,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "scoring_func": "sqrtsoftplus",
+            "routed_scaling_factor": 1.5,
+            "swiglu_limit": 10.0,
+            "max_position_embeddings": 1048576,
+            "rope_theta": 10000.0,
+            "compress_rope_theta": 160000.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "hidden_act": "silu",
+            "torch_dtype": "bfloat16"
+        })
+    }
+}
+
 /// Cheap deterministic generator (xorshift64*): four bf16 weights per draw.
 struct XorShift(u64);
 
@@ -174,16 +228,26 @@ pub fn write_random_checkpoint(dir: &Path, config: &Value, seed: u64) -> Result<
         .map_err(|e| Error::InvalidArgument(format!("config: {e}")))?;
     std::fs::write(&cfg_path, text).map_err(io(&cfg_path))?;
     let cfg = ModelConfig::from_file(&cfg_path)?;
-    let tensors = expected_tensor_shapes(&cfg); // [(name, shape)] in load order
-                                                // Header: contiguous data_offsets in the same order.
+    let tensors = if cfg.v4.is_some() {
+        specmla::model::v4_tensor_shapes(&cfg)
+    } else {
+        expected_tensor_shapes(&cfg) // [(name, shape)] in load order
+    };
+    let is_index = |name: &str| name.ends_with("tid2eid");
+    // Header: contiguous data_offsets in the same order.
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut off = 0usize;
     for (name, shape) in &tensors {
-        let bytes = shape.iter().product::<usize>() * 2;
+        let (dtype, width) = if is_index(name) {
+            ("I64", 8)
+        } else {
+            ("BF16", 2)
+        };
+        let bytes = shape.iter().product::<usize>() * width;
         header.insert(
             name.clone(),
-            json!({"dtype": "BF16", "shape": shape, "data_offsets": [off, off + bytes]}),
+            json!({"dtype": dtype, "shape": shape, "data_offsets": [off, off + bytes]}),
         );
         off += bytes;
     }
@@ -202,8 +266,23 @@ pub fn write_random_checkpoint(dir: &Path, config: &Value, seed: u64) -> Result<
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 22); // [chunk_values * 2] bf16 bytes
     for (name, shape) in &tensors {
         let n: usize = shape.iter().product();
+        if is_index(name) {
+            // hash routing table [vocab, k]: k distinct experts per token
+            let (k, experts) = (shape[1], cfg.v4.as_ref().map_or(1, |v| v.n_routed_experts));
+            buf.clear();
+            for t in 0..shape[0] {
+                for j in 0..k {
+                    buf.extend_from_slice(
+                        &(((t * 7 + j * (experts / k).max(1)) % experts) as i64).to_le_bytes(),
+                    );
+                }
+            }
+            w.write_all(&buf).map_err(io(&st_path))?;
+            continue;
+        }
         let is_norm = name.ends_with("layernorm.weight")
             || name.ends_with("k_norm.weight")
+            || name.ends_with("norm.weight")
             || name == "model.norm.weight";
         let mut left = n;
         while left > 0 {
