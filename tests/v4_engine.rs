@@ -328,3 +328,61 @@ fn a_small_window_pool_preempts_without_changing_outputs() {
         .expect("refused");
     assert!(err.to_string().contains("kv_window_blocks"), "{err}");
 }
+
+/// The official checkpoint's storage (models/golden/v4_official_fp8: fp8 e4m3 block linears and
+/// fp4 e2m1 experts, ue8m0 scales named `<module>.scale`) loads in its formats (fp8 kept fp8,
+/// fp4 decoded exactly to bf16); the golden tests check its logits. A missing or corrupt scale
+/// is refused with the tensor named.
+#[test]
+fn official_fp8_fp4_checkpoint_loads_and_bad_scales_are_refused() {
+    use specmla::weights::{WeightSource, WeightStore};
+    let dir = golden("v4_official_fp8");
+    let model = specmla::model::Model::load_dir(&dir).unwrap();
+    let fp8 = model
+        .matrices()
+        .iter()
+        .filter(|m| m.dtype_name() == "fp8_e4m3")
+        .count();
+    assert!(fp8 >= 30, "fp8 linears kept in fp8: {fp8}");
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let rebuild = |edit: &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>| {
+        let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (name, t) in st.tensors() {
+            if let Some(data) = edit(&name, t.data()) {
+                owned.push((name.clone(), t.dtype(), t.shape().to_vec(), data));
+            }
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+            .iter()
+            .map(|(n, d, s, b)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    };
+    let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let load = |b: Vec<u8>| {
+        let store = WeightStore::open(WeightSource::Bytes(b)).unwrap();
+        specmla::model::Model::load(cfg.clone(), &store)
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert_eq!(load(rebuild(&|_, d| Some(d.to_vec()))), None);
+    let gone = "layers.1.attn.wq_b.scale";
+    let err = load(rebuild(&|n, d| (n != gone).then(|| d.to_vec()))).expect("refused");
+    assert!(err.contains("layers.1.attn.wq_b"), "{err}");
+    // an e8m0 scale byte of 255 is NaN
+    let err = load(rebuild(&|n, d| {
+        Some(if n == "layers.2.ffn.experts.3.w1.scale" {
+            vec![255; d.len()]
+        } else {
+            d.to_vec()
+        })
+    }))
+    .expect("refused");
+    assert!(err.contains("experts.3.w1.scale"), "{err}");
+}

@@ -82,6 +82,13 @@ SPECS = {
         mlp_layer_types=["hash_moe", "moe"], tie_word_embeddings=False)),
 }
 OFFICIAL_TWIN = {"v4_mixed_official": "v4_mixed"}
+# The official checkpoint's storage: fp8 e4m3 block-128 linears with ue8m0 (power-of-two) scales,
+# fp4 e2m1 routed experts (two per byte, low nibble first) with ue8m0 scales per 32 columns.
+QUANT_TWIN = {"v4_official_fp8": "v4_mixed"}
+FP8_LINEARS = (".attn.wq_a.weight", ".attn.wq_b.weight", ".attn.wkv.weight", ".attn.wo_a.weight",
+               ".attn.wo_b.weight", ".attn.indexer.wq_b.weight", ".shared_experts.w1.weight",
+               ".shared_experts.w2.weight", ".shared_experts.w3.weight")
+FP4_LUT = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 def build(spec):
@@ -314,13 +321,107 @@ def make_official(name, src):
     print(f"{name}: official naming of {src}, transformers logits identical")
 
 
+def ue8m0(amax, qmax):
+    """Power-of-two scale >= amax / qmax (ue8m0 rounds up), as a float32 tensor."""
+    return torch.exp2(torch.ceil(torch.log2(torch.clamp(amax / qmax, min=2.0 ** -126))))
+
+
+def quant_fp8(w, block=128):
+    r, c = w.shape
+    sr, sc = -(-r // block), -(-c // block)
+    scale = torch.empty(sr, sc)
+    q = torch.empty(r, c, dtype=torch.float8_e4m3fn)
+    deq = torch.empty(r, c)
+    for i in range(sr):
+        for j in range(sc):
+            blk = w[i * block:(i + 1) * block, j * block:(j + 1) * block]
+            s_ = ue8m0(blk.abs().max(), 448.0)
+            qb = (blk / s_).to(torch.float8_e4m3fn)
+            scale[i, j] = s_
+            q[i * block:(i + 1) * block, j * block:(j + 1) * block] = qb
+            deq[i * block:(i + 1) * block, j * block:(j + 1) * block] = qb.float() * s_
+    return q, scale.to(torch.float8_e8m0fnu), deq
+
+
+def quant_fp4(w, gran=32):
+    r, c = w.shape
+    assert c % 2 == 0
+    sc = -(-c // gran)
+    bn = c // sc
+    assert bn * sc == c
+    scale = ue8m0(w.reshape(r, sc, bn).abs().amax(-1), 6.0)  # [r, sc]
+    x = w / scale.repeat_interleave(bn, dim=1)
+    idx = (x[..., None] - FP4_LUT).abs().argmin(-1)  # nearest e2m1 (ties to the lower code)
+    deq = FP4_LUT[idx] * scale.repeat_interleave(bn, dim=1)
+    packed = (idx[:, 0::2] | (idx[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
+    return packed, scale.to(torch.float8_e8m0fnu), deq
+
+
+def make_quant(name, src):
+    """Official naming + the official storage formats; the reference logits are transformers' on
+    the dequantised weights (which the quantised values represent exactly)."""
+    sdir, out = os.path.join(OUT_DIR, src), os.path.join(OUT_DIR, name)
+    official = to_official(load_file(os.path.join(sdir, "model.safetensors")))
+    stored, deq_official = {}, {}
+    n8 = n4 = 0
+    for k, v in official.items():
+        base = k[: -len(".weight")] if k.endswith(".weight") else None
+        if k.endswith(FP8_LINEARS):
+            q, sc, d = quant_fp8(v.float())
+            stored[k], stored[base + ".scale"], deq_official[k] = q, sc, d
+            n8 += 1
+        elif ".experts." in k and ".shared_experts." not in k:
+            q, sc, d = quant_fp4(v.float())
+            stored[k], stored[base + ".scale"], deq_official[k] = q, sc, d
+            n4 += 1
+        else:
+            stored[k], deq_official[k] = v, v
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    cfg = json.load(open(os.path.join(sdir, "config.json")))
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    save_file({k: v.contiguous() for k, v in stored.items()}, os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    # reference: transformers on the dequantised weights (official naming, unquantised config)
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = dict(cfg)
+        plain.pop("quantization_config")
+        json.dump(plain, open(os.path.join(tmp, "config.json"), "w"))
+        save_file({k: v.contiguous() for k, v in deq_official.items()}, os.path.join(tmp, "model.safetensors"),
+                  metadata={"format": "pt"})
+        model = DeepseekV4ForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+        src_ref = load_file(os.path.join(sdir, "reference.safetensors"))
+        ref, worst = {}, 0.0
+        with torch.no_grad():
+            for i in range(len(PROMPT_LENS)):
+                p = src_ref[f"prompt_{i}"]
+                full = model(p[None]).logits[0]
+                dec, chunk = cached_checks(model, p, full)
+                assert dec < DECODE_TOL and chunk < DECODE_TOL, (name, i, dec, chunk)
+                ref[f"prompt_{i}"] = p
+                ref[f"logits_full_{i}"] = full.float().contiguous()
+                worst = max(worst, float((full - src_ref[f"logits_full_{i}"]).abs().max()))
+    save_file(ref, os.path.join(out, "reference.safetensors"))
+    meta = json.load(open(os.path.join(sdir, "reference.json")))
+    meta.update(fixture=name, naming=f"official DeepSeek, weights of {src} stored as the official checkpoint "
+                f"stores them: {n8} fp8 e4m3 block-128 linears, {n4} fp4 e2m1 experts (ue8m0 scales); reference "
+                "= transformers on the dequantised weights", quantisation_vs_bf16_max_abs_logit_diff=worst)
+    json.dump(meta, open(os.path.join(out, "reference.json"), "w"), indent=2)
+    size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    print(f"{name}: {n8} fp8 + {n4} fp4 tensors, {size} bytes, logits moved {worst:.3f} by quantisation")
+
+
 def main(argv):
-    names = argv or list(SPECS) + list(OFFICIAL_TWIN)
+    names = argv or list(SPECS) + list(OFFICIAL_TWIN) + list(QUANT_TWIN)
     for n in names:
         if n in SPECS:
             make(n, SPECS[n])
-        else:
+        elif n in OFFICIAL_TWIN:
             make_official(n, OFFICIAL_TWIN[n])
+        else:
+            make_quant(n, QUANT_TWIN[n])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use crate::config::{ModelConfig, V4Attn, V4Config};
 use crate::error::{Error, Result};
-use crate::kernels::Matrix;
+use crate::kernels::{matrix_row_f32, Matrix, MatrixData};
 use crate::model::rope::Rope;
 use crate::model::weights::Expert;
 use crate::weights::{DType, Loader, WeightStore};
@@ -51,13 +51,133 @@ impl<'a> Names<'a> {
 
     fn matrix(&self, names: &[String], rows: usize, cols: usize) -> Result<Matrix> {
         let n = self.pick(names)?;
-        if self.ld.has(&crate::weights::scale_inv_name(&n)) {
-            self.used
-                .lock()
-                .unwrap()
-                .insert(crate::weights::scale_inv_name(&n));
+        let t = self.ld.store.get(&n).expect("picked");
+        match &t.dtype {
+            DType::F8E4M3 => self.fp8(&n, rows, cols),
+            DType::Other(d) if d == "i8" || d == "u8" => self.fp4(&n, rows, cols),
+            _ => self.ld.matrix(&n, rows, cols),
         }
-        self.ld.matrix(&n, rows, cols)
+    }
+
+    /// The block scales of quantised weight `n` (transformers: `<n>_scale_inv`; official:
+    /// `<module>.scale`) as f32 with their grid [rows, cols]: f32, bf16, or ue8m0 / u8
+    /// exponents (2^(e - 127)).
+    fn scales(&self, n: &str) -> Result<(Vec<f32>, usize, usize)> {
+        let cands = [
+            format!("{n}_scale_inv"),
+            format!("{}.scale", n.strip_suffix(".weight").unwrap_or(n)),
+        ];
+        let sn = self.pick(&cands).map_err(|_| {
+            Error::tensor(
+                n,
+                format!(
+                    "quantised, but neither {} nor {} is in the checkpoint",
+                    cands[0], cands[1]
+                ),
+            )
+        })?;
+        let t = self.ld.store.get(&sn).expect("picked");
+        let [r, c] = t.shape[..] else {
+            return Err(Error::tensor(
+                &sn,
+                format!("shape {:?}, expected a 2-D grid", t.shape),
+            ));
+        };
+        let v: Vec<f32> = match &t.dtype {
+            DType::F32 => t
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            DType::BF16 => t
+                .data
+                .chunks_exact(2)
+                .map(|b| crate::weights::bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+            DType::Other(d) if d == "f8_e8m0" || d == "u8" => t
+                .data
+                .iter()
+                .map(|&e| {
+                    if e == 255 {
+                        f32::NAN
+                    } else {
+                        (e as f32 - 127.0).exp2()
+                    }
+                })
+                .collect(),
+            d => {
+                return Err(Error::tensor(
+                    &sn,
+                    format!("scale dtype {d} (f32, bf16 or f8_e8m0)"),
+                ))
+            }
+        };
+        if v.iter().any(|x| !x.is_finite() || *x <= 0.0) {
+            return Err(Error::tensor(
+                &sn,
+                "a scale is not a finite positive number",
+            ));
+        }
+        Ok((v, r, c))
+    }
+
+    /// fp8 e4m3 block-quantised weight [rows, cols] (block sizes from the scale grid).
+    fn fp8(&self, n: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let t = self.ld.store.get(n).expect("picked");
+        if t.shape != [rows, cols] {
+            return Err(Error::tensor(
+                n,
+                format!("shape {:?}, expected [{rows}, {cols}]", t.shape),
+            ));
+        }
+        let (sc, sr, scc) = self.scales(n)?;
+        let (br, bc) = (rows.div_ceil(sr.max(1)), cols.div_ceil(scc.max(1)));
+        if sr == 0 || scc == 0 || rows.div_ceil(br) != sr || cols.div_ceil(bc) != scc {
+            return Err(Error::tensor(
+                n,
+                format!("scale grid [{sr}, {scc}] does not tile [{rows}, {cols}]"),
+            ));
+        }
+        Ok(Matrix::from_fp8(rows, cols, t.data.to_vec(), sc, br, bc))
+    }
+
+    /// fp4 e2m1 weight (the official checkpoint's experts): [rows, cols / 2] bytes, low nibble
+    /// first, one ue8m0 scale per row and per `cols / grid_cols` columns; decoded to bf16, which
+    /// holds every e2m1 value times a power of two exactly.
+    fn fp4(&self, n: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        const LUT: [f32; 16] = [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        ];
+        let t = self.ld.store.get(n).expect("picked");
+        if cols % 2 != 0 || t.shape != [rows, cols / 2] {
+            return Err(Error::tensor(
+                n,
+                format!(
+                    "fp4 shape {:?}, expected [{rows}, {}] (two values per byte)",
+                    t.shape,
+                    cols / 2
+                ),
+            ));
+        }
+        let (sc, sr, scc) = self.scales(n)?;
+        if sr != rows || scc == 0 || cols % scc != 0 {
+            return Err(Error::tensor(
+                n,
+                format!("fp4 scale grid [{sr}, {scc}] does not tile [{rows}, {cols}]"),
+            ));
+        }
+        let bn = cols / scc;
+        let mut out = vec![0u16; rows * cols]; // [rows, cols] bf16 bits
+        for r in 0..rows {
+            for (j, &b) in t.data[r * cols / 2..(r + 1) * cols / 2].iter().enumerate() {
+                for (k, nib) in [b & 0xF, b >> 4].into_iter().enumerate() {
+                    let c = 2 * j + k;
+                    let v = LUT[nib as usize] * sc[r * scc + c / bn];
+                    out[r * cols + c] = crate::weights::f32_to_bf16(v);
+                }
+            }
+        }
+        Ok(Matrix::from_bf16(rows, cols, out))
     }
 
     fn vector(&self, names: &[String], len: usize) -> Result<Vec<f32>> {
@@ -184,6 +304,15 @@ pub(crate) fn load_v4(cfg: &ModelConfig, store: &WeightStore) -> Result<V4Parts>
     ))
 }
 
+/// An f32 copy of `m` (each row dequantised as the matmul does).
+fn to_f32(m: &Matrix) -> Matrix {
+    let mut out = vec![0f32; m.rows * m.cols]; // [rows, cols]
+    for (r, row) in out.chunks_exact_mut(m.cols).enumerate() {
+        matrix_row_f32(m, r, row);
+    }
+    Matrix::from_f32(m.rows, m.cols, out)
+}
+
 fn hyper(nm: &Names, i: usize, which: &str, n: usize, h: usize) -> Result<HyperConn> {
     let m = (2 + n) * n;
     let sc = nm.vector(&[nm.layer(i, &format!("hc_{which}_scale"))], 3)?;
@@ -273,7 +402,13 @@ fn load_layer(nm: &Names, cfg: &ModelConfig, v: &V4Config, i: usize) -> Result<V
         ),
     };
     let (g, r) = (v.o_groups, v.o_lora_rank);
-    let wo_a_full = nm.matrix(&[a("wo_a.weight")], g * r, heads * d / g)?;
+    let mut wo_a_full = nm.matrix(&[a("wo_a.weight")], g * r, heads * d / g)?;
+    if let MatrixData::Fp8 { block_rows, .. } = &wo_a_full.data {
+        if r % block_rows != 0 {
+            // the group views would split fp8 blocks: keep wo_a dequantised (f32, exact)
+            wo_a_full = to_f32(&wo_a_full);
+        }
+    }
     let attn = V4Attention {
         wq_a: nm.matrix(&[a("wq_a.weight")], v.q_lora_rank, h)?,
         q_norm: nm.vector(&[a("q_norm.weight")], v.q_lora_rank)?,
