@@ -290,6 +290,12 @@ typedef struct specmla_engine_params {
    * indexer's keys; ignored for V2 / V3). Default AUTO (the target's `kv_dtype`).
    */
   uint32_t index_kv_dtype;
+  /**
+   * Blocks of a DeepSeek-V4 target's sliding-window pool (its K=V rows and compressor
+   * inputs; each request holds only its lookback's blocks); 0 = the engine's sizing
+   * (`max_running` lookbacks + one chunk). Ignored for MLA models. Default 0.
+   */
+  uint32_t kv_window_blocks;
 } specmla_engine_params;
 
 /**

@@ -93,6 +93,11 @@ fn engine_params_are_validated() {
     );
     p.index_kv_dtype = 42;
     assert!(engine_config(&p).is_err());
+    // a V4 target's sliding-window pool: 0 = the engine's sizing, else the given block count
+    p = engine_defaults();
+    assert_eq!(engine_config(&p).expect("default").kv_window_blocks, None);
+    p.kv_window_blocks = 96;
+    assert_eq!(engine_config(&p).expect("set").kv_window_blocks, Some(96));
     p = engine_defaults();
     p.isa = SPECMLA_ISA_PORTABLE;
     assert_eq!(

@@ -79,6 +79,10 @@ pub struct EngineParams {
     /// SPECMLA_KV_*: dtype of a DeepSeek-V3.2 target's index-key cache (the lightning
     /// indexer's keys; ignored for V2 / V3). Default AUTO (the target's `kv_dtype`).
     pub index_kv_dtype: u32,
+    /// Blocks of a DeepSeek-V4 target's sliding-window pool (its K=V rows and compressor
+    /// inputs; each request holds only its lookback's blocks); 0 = the engine's sizing
+    /// (`max_running` lookbacks + one chunk). Ignored for MLA models. Default 0.
+    pub kv_window_blocks: u32,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -296,6 +300,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         mtp: false,
         isa: SPECMLA_ISA_AUTO,
         index_kv_dtype: SPECMLA_KV_AUTO,
+        kv_window_blocks: 0,
     }
 }
 
@@ -412,8 +417,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         block_size: p.block_size as usize,
         num_blocks: p.kv_num_blocks as usize,
         draft_num_blocks: p.draft_kv_num_blocks as usize,
-        // the engine's default sizing (the C params have no field for it yet)
-        kv_window_blocks: None,
+        kv_window_blocks: (p.kv_window_blocks > 0).then_some(p.kv_window_blocks as usize),
         max_batch_tokens: p.max_batch_tokens as usize,
         max_running: p.max_running as usize,
         prefix_cache: p.prefix_cache,
