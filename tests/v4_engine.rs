@@ -26,29 +26,7 @@ fn target() -> std::path::PathBuf {
 }
 
 fn requests(n: usize) -> Vec<Request> {
-    let mut x: u64 = 0x51ed_2701;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    (0..n)
-        .map(|i| {
-            let len = 3 + (next() % 40) as usize;
-            let mut toks: Vec<u32> = (0..len).map(|_| 13 + (next() % 115) as u32).collect();
-            if i % 3 != 0 {
-                toks.push(START);
-            }
-            let mut r = Request::new(Prompt::Tokens(toks));
-            r.sampling.max_tokens = 10 + (next() % 30) as usize;
-            r.think_start = Some(vec![START]);
-            r.think_end = Some(END.to_vec());
-            r.reasoning_budget = [None, Some(0), Some(1), Some(3), Some(7), Some(100)][i % 6];
-            r.logprobs = true;
-            r
-        })
-        .collect()
+    common::budget_requests(n, 0x51ed_2701, 40, START, &END)
 }
 
 fn run(e: &Engine, reqs: &[Request]) -> Vec<Output> {

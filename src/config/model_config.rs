@@ -147,19 +147,7 @@ impl ModelConfig {
                 ));
             }
         }
-        if let Some(act) = o.opt_str("hidden_act")? {
-            if act != "silu" {
-                return Err(o.err(
-                    "hidden_act",
-                    format!("{act:?} is not supported (only silu)"),
-                ));
-            }
-        }
-        for key in ["attention_bias", "mlp_bias"] {
-            if o.bool_or(key, false)? {
-                return Err(o.err(key, "biases are not supported"));
-            }
-        }
+        check_act_and_biases(&o)?;
         let max_position_embeddings = o.req_dim("max_position_embeddings")?;
         let (rope_theta, rope_scaling) = parse_rope(&o, max_position_embeddings)?;
         let qk_rope_head_dim = o.req_dim("qk_rope_head_dim")?;
@@ -185,13 +173,7 @@ impl ModelConfig {
             }
             r => r,
         };
-        let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
-        if rms_norm_eps <= 0.0 || rms_norm_eps > 1.0 {
-            return Err(o.err(
-                "rms_norm_eps",
-                format!("must be in (0, 1], found {rms_norm_eps}"),
-            ));
-        }
+        let rms_norm_eps = rms_eps(&o)?;
         let num_hidden_layers = o.req_dim("num_hidden_layers")?;
         // transformers 5 also reads `num_mtp_layers` (an alias of the same attribute).
         let num_nextn_predict_layers = match (
@@ -248,26 +230,8 @@ impl ModelConfig {
 
     /// A `deepseek_v4` config (see `config::v4`).
     fn from_v4(o: &Obj<'_>) -> Result<Self> {
-        for key in ["attention_bias", "mlp_bias"] {
-            if o.bool_or(key, false)? {
-                return Err(o.err(key, "biases are not supported"));
-            }
-        }
-        if let Some(act) = o.opt_str("hidden_act")? {
-            if act != "silu" {
-                return Err(o.err(
-                    "hidden_act",
-                    format!("{act:?} is not supported (only silu)"),
-                ));
-            }
-        }
-        let rms_norm_eps = o.f64_or("rms_norm_eps", 1e-6)?;
-        if rms_norm_eps <= 0.0 || rms_norm_eps > 1.0 {
-            return Err(o.err(
-                "rms_norm_eps",
-                format!("must be in (0, 1], found {rms_norm_eps}"),
-            ));
-        }
+        check_act_and_biases(o)?;
+        let rms_norm_eps = rms_eps(o)?;
         let num_hidden_layers = o.req_dim("num_hidden_layers")?;
         if num_hidden_layers > MAX_LAYERS {
             return Err(o.err("num_hidden_layers", format!("exceeds {MAX_LAYERS}")));
@@ -436,6 +400,33 @@ impl ModelConfig {
             })),
         })
     }
+}
+
+/// Only SiLU, no biases (every DeepSeek release).
+fn check_act_and_biases(o: &Obj<'_>) -> Result<()> {
+    if let Some(act) = o.opt_str("hidden_act")? {
+        if act != "silu" {
+            return Err(o.err(
+                "hidden_act",
+                format!("{act:?} is not supported (only silu)"),
+            ));
+        }
+    }
+    for key in ["attention_bias", "mlp_bias"] {
+        if o.bool_or(key, false)? {
+            return Err(o.err(key, "biases are not supported"));
+        }
+    }
+    Ok(())
+}
+
+/// `rms_norm_eps` (default 1e-6), in (0, 1].
+fn rms_eps(o: &Obj<'_>) -> Result<f64> {
+    let eps = o.f64_or("rms_norm_eps", 1e-6)?;
+    if eps <= 0.0 || eps > 1.0 {
+        return Err(o.err("rms_norm_eps", format!("must be in (0, 1], found {eps}")));
+    }
+    Ok(eps)
 }
 
 fn value_to_id(v: &Value) -> Option<u32> {

@@ -24,7 +24,10 @@ const MAX_KV_BLOCK_BYTES: usize = 1 << 26;
 
 /// Whether computing the derived values of `cfg` costs work bounded by the limits above.
 fn derived_work_is_bounded(cfg: &ModelConfig) -> bool {
-    let experts = cfg.moe.as_ref().map_or(0, |m| m.n_routed_experts);
+    let experts = match &cfg.v4 {
+        Some(v) => v.n_routed_experts,
+        None => cfg.moe.as_ref().map_or(0, |m| m.n_routed_experts),
+    };
     // every layer: at most 12 attention / norm / dense tensors, 2 router tensors, 3 per expert;
     // each doubled by fp8 scales
     let tensors = (experts.checked_mul(3))
@@ -53,7 +56,11 @@ pub fn config(data: &[u8]) -> Result<()> {
     let summary = cfg.to_summary_json().to_string();
     assert!(summary.starts_with('{'));
 
-    let shapes = expected_tensor_shapes(&cfg);
+    let shapes = if cfg.v4.is_some() {
+        crate::model::v4_tensor_shapes(&cfg)
+    } else {
+        expected_tensor_shapes(&cfg)
+    };
     assert!(!shapes.is_empty());
     // The smallest valid checkpoint: a header `{}` and no tensors. It must never pass.
     let empty = WeightStore::open(WeightSource::Bytes(b"\x02\0\0\0\0\0\0\0{}".to_vec()))?;

@@ -125,6 +125,55 @@ impl BlockAllocator {
         &self.free
     }
 
+    /// Every block is exactly one of in use (refcount = `holders[b]`, the tables holding it),
+    /// free (uncached, once on the free list) or evictable (cached); the evictable set holds
+    /// nothing else. `what` names the blocks in the message of the first violation.
+    pub(crate) fn check_states(
+        &self,
+        holders: &[u32],
+        is_cached: impl Fn(u32) -> bool,
+        what: &str,
+    ) -> Result<(), String> {
+        let n = self.num_blocks();
+        let mut on_free = vec![false; n];
+        for &b in self.free_list() {
+            if std::mem::replace(&mut on_free[b as usize], true) {
+                return Err(format!("{what} {b} twice on the free list"));
+            }
+        }
+        let mut evictable = 0;
+        for b in 0..n as u32 {
+            let (rc, cached, free, ev) = (
+                self.refcount(b),
+                is_cached(b),
+                on_free[b as usize],
+                self.is_evictable(b),
+            );
+            if rc != holders[b as usize] {
+                return Err(format!(
+                    "{what} {b}: refcount {rc} but {} tables hold it",
+                    holders[b as usize]
+                ));
+            }
+            let ok = match (rc > 0, free, ev) {
+                (true, false, false) => true,
+                (false, true, false) => !cached,
+                (false, false, true) => cached,
+                _ => false,
+            };
+            if !ok {
+                return Err(format!(
+                    "{what} {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"
+                ));
+            }
+            evictable += ev as usize;
+        }
+        if evictable != self.num_evictable() {
+            return Err(format!("the evictable set holds unknown {what}s"));
+        }
+        Ok(())
+    }
+
     /// Whether `b` sits in the evictable set under its recorded tick.
     pub(crate) fn is_evictable(&self, b: u32) -> bool {
         self.evictable.contains(&(self.lru_tick[b as usize], b))

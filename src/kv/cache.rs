@@ -856,42 +856,8 @@ impl KvCache {
             }
         }
         let holders = holders(n, live);
-        let mut on_free = vec![false; n];
-        for &b in self.alloc.free_list() {
-            if std::mem::replace(&mut on_free[b as usize], true) {
-                return Err(format!("block {b} twice on the free list"));
-            }
-        }
-        let mut evictable = 0;
-        for b in 0..n as u32 {
-            let (rc, cached, free, ev) = (
-                self.alloc.refcount(b),
-                self.prefix.is_cached(b),
-                on_free[b as usize],
-                self.alloc.is_evictable(b),
-            );
-            if rc != holders[b as usize] {
-                return Err(format!(
-                    "block {b}: refcount {rc} but {} tables hold it",
-                    holders[b as usize]
-                ));
-            }
-            let ok = match (rc > 0, free, ev) {
-                (true, false, false) => true,
-                (false, true, false) => !cached,
-                (false, false, true) => cached,
-                _ => false,
-            };
-            if !ok {
-                return Err(format!(
-                    "block {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"
-                ));
-            }
-            evictable += ev as usize;
-        }
-        if evictable != self.alloc.num_evictable() || self.alloc.num_blocks() != n {
-            return Err("evictable set holds unknown blocks".into());
-        }
+        self.alloc
+            .check_states(&holders, |b| self.prefix.is_cached(b), "block")?;
         if let Some(w) = &self.win {
             w.check(live, bs)?;
         }

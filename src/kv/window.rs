@@ -150,37 +150,8 @@ impl WinClass {
                 holders[b as usize] += 1;
             }
         }
-        let mut on_free = vec![false; n];
-        for &b in self.alloc.free_list() {
-            if std::mem::replace(&mut on_free[b as usize], true) {
-                return Err(format!("window block {b} twice on the free list"));
-            }
-        }
-        for b in 0..n as u32 {
-            let (rc, cached, free, ev) = (
-                self.alloc.refcount(b),
-                self.prefix.is_cached(b),
-                on_free[b as usize],
-                self.alloc.is_evictable(b),
-            );
-            if rc != holders[b as usize] {
-                return Err(format!(
-                    "window block {b}: refcount {rc} but {} tables hold it",
-                    holders[b as usize]
-                ));
-            }
-            let ok = match (rc > 0, free, ev) {
-                (true, false, false) => true,
-                (false, true, false) => !cached,
-                (false, false, true) => cached,
-                _ => false,
-            };
-            if !ok {
-                return Err(format!(
-                    "window block {b}: refcount {rc}, free {free}, evictable {ev}, cached {cached}"
-                ));
-            }
-        }
+        self.alloc
+            .check_states(&holders, |b| self.prefix.is_cached(b), "window block")?;
         self.prefix.check()
     }
 

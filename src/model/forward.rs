@@ -96,11 +96,7 @@ impl Model {
         let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
         let n = tokens.len();
         if n == 0 {
-            return Ok(ForwardOut {
-                logits: Vec::new(),
-                hidden: Vec::new(),
-                weight_bytes: 0,
-            });
+            return Ok(ForwardOut::empty());
         }
         let mut bytes = (n * self.embed.nbytes() / self.embed.rows.max(1)) as u64;
         let mut x = vec![0f32; n * h]; // [n, hidden]
@@ -141,6 +137,17 @@ impl Model {
             hidden,
             weight_bytes: bytes,
         })
+    }
+}
+
+impl ForwardOut {
+    /// The result of a forward over no token.
+    pub(crate) fn empty() -> Self {
+        ForwardOut {
+            logits: Vec::new(),
+            hidden: Vec::new(),
+            weight_bytes: 0,
+        }
     }
 }
 

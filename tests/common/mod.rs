@@ -217,3 +217,38 @@ pub fn spec_test_cfg(spec: SpecMode) -> EngineConfig {
         ..EngineConfig::default()
     }
 }
+
+/// `n` requests with random prompts (3 + up to `extra_len` tokens from 13..128), two in three
+/// ending inside thinking (`start`), 10..40 new tokens, budgets cycling None / 0 / 1 / 3 / 7 /
+/// 100, log-probs on: the speculation tests' workload.
+pub fn budget_requests(
+    n: usize,
+    seed: u64,
+    extra_len: u64,
+    start: u32,
+    end: &[u32],
+) -> Vec<Request> {
+    let mut x: u64 = seed;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..n)
+        .map(|i| {
+            let len = 3 + (next() % extra_len) as usize;
+            let mut toks: Vec<u32> = (0..len).map(|_| 13 + (next() % 115) as u32).collect();
+            if i % 3 != 0 {
+                toks.push(start);
+            }
+            let mut r = Request::new(specmla::engine::Prompt::Tokens(toks));
+            r.sampling.max_tokens = 10 + (next() % 30) as usize;
+            r.think_start = Some(vec![start]);
+            r.think_end = Some(end.to_vec());
+            r.reasoning_budget = [None, Some(0), Some(1), Some(3), Some(7), Some(100)][i % 6];
+            r.logprobs = true;
+            r
+        })
+        .collect()
+}

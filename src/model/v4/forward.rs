@@ -242,11 +242,7 @@ pub(crate) fn v4_forward(
     let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
     let n = tokens.len();
     if n == 0 {
-        return Ok(ForwardOut {
-            logits: Vec::new(),
-            hidden: Vec::new(),
-            weight_bytes: 0,
-        });
+        return Ok(ForwardOut::empty());
     }
     let mut bytes = (n * model.embed.nbytes() / model.embed.rows.max(1)) as u64;
     let mut x = vec![0f32; n * nh * h]; // [n, N, hidden]

@@ -124,6 +124,39 @@ pub struct BenchArgs {
     pub v4: bool,
 }
 
+/// Submit a `ctx`-token random prompt wanting `1 + warmup + steps` tokens and step `engine` until
+/// its first token (the prefill), then `warmup` more steps: the next `steps` steps are decode
+/// steps at context ~`ctx` (the long-context benches time them).
+pub(crate) fn prefill_then_warm(
+    engine: &specmla::engine::Engine,
+    vocab: usize,
+    ctx: usize,
+    warmup: usize,
+    steps: usize,
+    seed: u64,
+) -> Result<()> {
+    let mut r = specmla::engine::Request::new(specmla::engine::Prompt::Tokens(random_tokens(
+        ctx, vocab, 3, seed,
+    )));
+    r.sampling.max_tokens = 1 + warmup + steps;
+    r.sampling.ignore_eos = true;
+    engine.submit(r)?;
+    let (mut got, mut guard) = (0, 0);
+    while got == 0 {
+        got += engine.step()?.iter().map(|e| e.tokens.len()).sum::<usize>();
+        guard += 1;
+        if guard > 10_000 {
+            return Err(specmla::Error::Engine(
+                "bench: prefill did not finish".into(),
+            ));
+        }
+    }
+    for _ in 0..warmup {
+        engine.step()?;
+    }
+    Ok(())
+}
+
 /// One bench section: JSON for machines, lines for people.
 pub struct Section {
     pub name: &'static str,

@@ -16,14 +16,14 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use specmla::engine::{Engine, EngineConfig, Prompt, Request};
+use specmla::engine::{Engine, EngineConfig};
 use specmla::kv::KvConfig;
 use specmla::model::Model;
 use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
 use super::random_model::{write_random_checkpoint, BenchModelSpec, ScratchDir};
-use super::{progress, random_tokens, table, BenchArgs, Section};
+use super::{progress, table, BenchArgs, Section};
 
 struct Arm {
     engine: Engine,
@@ -60,27 +60,7 @@ fn arm(a: &BenchArgs, dir: &Path, longest: usize, extra: usize) -> Result<Arm> {
 }
 
 fn prefill(arm: &Arm, ctx: usize, warmup: usize, steps: usize, seed: u64) -> Result<()> {
-    let mut r = Request::new(Prompt::Tokens(random_tokens(ctx, arm.vocab, 3, seed)));
-    r.sampling.max_tokens = 1 + warmup + steps;
-    r.sampling.ignore_eos = true;
-    arm.engine.submit(r)?;
-    let (mut got, mut guard) = (0, 0);
-    while got == 0 {
-        got += arm
-            .engine
-            .step()?
-            .iter()
-            .map(|e| e.tokens.len())
-            .sum::<usize>();
-        guard += 1;
-        if guard > 10_000 {
-            return Err(Error::Engine("bench: prefill did not finish".into()));
-        }
-    }
-    for _ in 0..warmup {
-        arm.engine.step()?;
-    }
-    Ok(())
+    super::prefill_then_warm(&arm.engine, arm.vocab, ctx, warmup, steps, seed)
 }
 
 pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
