@@ -363,6 +363,11 @@ typedef struct specmla_request_params {
    * Return target log-probs of committed tokens in events. Default false.
    */
   bool logprobs;
+  /**
+   * NUL-terminated UTF-8 workload label (<= 64 bytes, no control characters): the request's
+   * counters are also aggregated under it in `specmla_engine_metrics`. NULL = none.
+   */
+  const char *label;
 } specmla_request_params;
 
 /**
@@ -725,6 +730,22 @@ enum specmla_status specmla_engine_request_counters(struct specmla_engine *engin
  */
 enum specmla_status specmla_engine_health(struct specmla_engine *engine,
                                           struct specmla_health *out);
+
+/**
+ * The engine's metrics in the Prometheus text exposition format (counters per workload label
+ * and draft generation, latency histograms, KV blocks, swaps; see README "Operating") as UTF-8
+ * into `buf` (capacity `len` bytes, NUL-terminated). `*needed` always receives the bytes the
+ * text takes including the NUL; when that exceeds `len` nothing is written and
+ * SPECMLA_ERR_BUFFER_TOO_SMALL is returned (`buf` may be NULL when `len` is 0). Waits for a
+ * running step to finish.
+ *
+ * # Safety
+ * `buf` writable for `len` bytes; `needed` writable.
+ */
+enum specmla_status specmla_engine_metrics(struct specmla_engine *engine,
+                                           char *buf,
+                                           size_t len,
+                                           size_t *needed);
 
 /**
  * Engine-wide statistics into `*out`. Waits for a running step to finish.

@@ -65,6 +65,8 @@ pub(crate) struct Core {
     pub admitted: u64,
     /// Counters of requests that finished (summed).
     pub finished_totals: Counters,
+    /// Counters per workload label and draft generation, latency histograms.
+    pub metrics: super::metrics::Metrics,
     /// Final counters of requests retired since the engine last published them.
     pub retired: Vec<(u64, Counters)>,
     /// Requests present (running or waiting) when the current step began, and those it planned:
@@ -285,13 +287,21 @@ impl Core {
         for p in plan.iter().filter(|p| p.decode) {
             self.running[p.idx].suspect = false;
         }
+        self.metrics
+            .step_latency
+            .observe(t_step.elapsed().as_secs_f64());
         if adaptive && plan.iter().all(|p| p.decode) {
             let drafted = proposals.iter().any(|p| !p.tokens.is_empty());
             let committed: usize = verified.iter().flatten().map(|(a, _)| a + 1).sum();
             self.guard
                 .observe(drafted, committed, t_step.elapsed().as_secs_f64());
         }
-        Ok(self.collect_events())
+        let events = self.collect_events();
+        let gen = self.draft_generation;
+        for r in self.running.iter_mut().chain(self.waiting.iter_mut()) {
+            account(&mut self.metrics, gen, r);
+        }
+        Ok(events)
     }
 
     /// Propose: the drafter drafts for every decode request that asked for drafts (one call for
@@ -642,6 +652,14 @@ impl Core {
             p.release(r.id);
         }
         self.finished_totals.add(&r.counters);
+        account(&mut self.metrics, self.draft_generation, r);
+        if let (Some(a), Some(b)) = (r.first_token_at, r.last_token_at) {
+            let n = r.generated();
+            if n >= 2 {
+                let tpot = b.duration_since(a).as_secs_f64() / (n - 1) as f64;
+                self.metrics.observe_tpot(&r.label, tpot);
+            }
+        }
         self.retired.push((r.id, r.counters.clone()));
     }
 
@@ -701,6 +719,23 @@ fn choose_drafts(
             (rem, certain, k - rem)
         }
         _ => (k, Vec::new(), 0),
+    }
+}
+
+/// Add a request's counter growth since its last report to (its label, `generation`), and note
+/// when it committed generated tokens.
+fn account(m: &mut super::metrics::Metrics, generation: u64, r: &mut ReqState) {
+    if r.counters != r.reported {
+        let d = super::metrics::delta(&r.counters, &r.reported);
+        m.add(&r.label, generation, &d);
+        r.reported = r.counters.clone();
+    }
+    let n = r.generated();
+    if n > r.reported_generated {
+        let now = Instant::now();
+        r.first_token_at.get_or_insert(now);
+        r.last_token_at = Some(now);
+        r.reported_generated = n;
     }
 }
 

@@ -8,6 +8,7 @@
 
 mod contain;
 mod core;
+pub mod metrics;
 pub mod request;
 pub mod score;
 mod swap;
@@ -321,6 +322,7 @@ impl Engine {
             guard: Default::default(),
             admitted: 0,
             finished_totals: Counters::default(),
+            metrics: Default::default(),
             retired: Vec::new(),
             present_ids: Vec::new(),
             step_ids: Vec::new(),
@@ -377,6 +379,14 @@ impl Engine {
             });
         }
         req.sampling.validate()?;
+        if let Some(l) = &req.label {
+            if l.len() > metrics::MAX_LABEL_BYTES || l.chars().any(char::is_control) {
+                return Err(Error::InvalidRequest(format!(
+                    "label must be at most {} bytes without control characters",
+                    metrics::MAX_LABEL_BYTES
+                )));
+            }
+        }
         if req.sampling.max_tokens == 0 {
             return Err(Error::InvalidRequest("max_tokens must be >= 1".into()));
         }
@@ -442,6 +452,11 @@ impl Engine {
             admitted_seq: u64::MAX,
             suspect: false,
             fault: req.fault,
+            label: req.label.unwrap_or_default(),
+            reported: Counters::default(),
+            first_token_at: None,
+            last_token_at: None,
+            reported_generated: 0,
         };
         lock(&self.live).insert(id);
         self.tx
@@ -566,6 +581,36 @@ impl Engine {
             drafter_panics: core.drafter_panics,
             drafter_disabled: core.drafter_disabled.clone(),
         }
+    }
+
+    /// The Prometheus text exposition of the engine's metrics (see `engine::metrics`): every
+    /// counter per workload label and draft generation, step-latency and time-per-output-token
+    /// histograms, KV blocks per pool, requests, swaps. Waits for a running step.
+    pub fn metrics_text(&self) -> String {
+        let core = lock(&self.core);
+        let kv = core.kv.stats();
+        let draft_kv = core.proposer.as_ref().and_then(|p| p.kv_stats());
+        metrics::render(&metrics::Snapshot {
+            metrics: &core.metrics,
+            kv: &kv,
+            draft_kv: draft_kv.as_ref(),
+            running: core.running.len(),
+            waiting: core.waiting.len(),
+            draft_generation: core.draft_generation,
+            swaps_applied: core.draft_generation,
+            swaps_failed: self.swaps.failed(),
+            panics_contained: core.panics_contained,
+        })
+    }
+
+    /// Counters per (workload label, draft generation), as reported after the last step.
+    pub fn label_counters(&self) -> Vec<(String, u64, Counters)> {
+        let core = lock(&self.core);
+        core.metrics
+            .buckets
+            .iter()
+            .map(|((l, g), c)| (l.clone(), *g, c.clone()))
+            .collect()
     }
 
     /// Submit every request, step until all finish, return their outputs in order.

@@ -31,6 +31,9 @@ pub struct Request {
     pub speculate: bool,
     /// Return the target log-prob of each committed token.
     pub logprobs: bool,
+    /// Workload label (at most `metrics::MAX_LABEL_BYTES` bytes, no control characters): every
+    /// counter is also aggregated per label (`Engine::metrics_text`). None = "".
+    pub label: Option<String>,
     /// Test hook for panic containment: make this request's steps panic. Not part of the API.
     #[doc(hidden)]
     pub fault: Option<Fault>,
@@ -70,6 +73,7 @@ impl Request {
             think_end: None,
             speculate: true,
             logprobs: false,
+            label: None,
             fault: None,
         }
     }
@@ -149,6 +153,15 @@ pub(crate) struct ReqState {
     /// (`engine::contain`).
     pub suspect: bool,
     pub fault: Option<Fault>,
+    /// Workload label ("" when none).
+    pub label: String,
+    /// Counters already added to the metric buckets (`engine::metrics`).
+    pub reported: Counters,
+    /// When the first and the latest generated token were committed (time per output token).
+    pub first_token_at: Option<std::time::Instant>,
+    pub last_token_at: Option<std::time::Instant>,
+    /// Generated tokens when last reported.
+    pub reported_generated: usize,
 }
 
 impl ReqState {

@@ -74,6 +74,8 @@ struct Ready {
 #[derive(Default)]
 pub(crate) struct Swaps {
     next: AtomicU64,
+    /// Background loads that failed validation.
+    failed: Arc<AtomicU64>,
     status: Arc<Mutex<HashMap<u64, SwapStatus>>>,
     ready: Arc<Mutex<Vec<Ready>>>,
     current: Arc<Mutex<Option<ModelConfig>>>,
@@ -213,11 +215,17 @@ impl Swaps {
         ticket
     }
 
+    /// Background loads that failed so far.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
     /// Start a background load; returns the ticket.
     pub fn start(&self, src: DraftSource, ctx: SwapCtx) -> u64 {
         let ticket = self.new_ticket();
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
+        let failed = Arc::clone(&self.failed);
         std::thread::spawn(move || match build_contained(src, &ctx) {
             Ok((proposer, config)) => ready.lock().unwrap_or_else(|e| e.into_inner()).push(Ready {
                 ticket,
@@ -225,6 +233,7 @@ impl Swaps {
                 config,
             }),
             Err(e) => {
+                failed.fetch_add(1, Ordering::Relaxed);
                 status
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

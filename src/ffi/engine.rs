@@ -138,6 +138,12 @@ fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> 
         think_end: marker(p.think_end, p.n_think_end, "think_end")?,
         speculate: p.speculate,
         logprobs: p.logprobs,
+        // SAFETY: the caller guarantees a NUL-terminated string when non-NULL.
+        label: if p.label.is_null() {
+            None
+        } else {
+            Some(unsafe { cstr(p.label, "label") }?.to_string())
+        },
         fault: None,
     })
 }
@@ -455,6 +461,45 @@ pub unsafe extern "C" fn specmla_engine_health(
         let n = declared.min(std::mem::size_of::<Health>());
         // SAFETY: the caller guarantees `declared` writable bytes; we write at most that many.
         unsafe { std::ptr::copy_nonoverlapping(&v as *const Health as *const u8, o as *mut u8, n) };
+        Ok(())
+    })
+}
+
+/// The engine's metrics in the Prometheus text exposition format (counters per workload label
+/// and draft generation, latency histograms, KV blocks, swaps; see README "Operating") as UTF-8
+/// into `buf` (capacity `len` bytes, NUL-terminated). `*needed` always receives the bytes the
+/// text takes including the NUL; when that exceeds `len` nothing is written and
+/// SPECMLA_ERR_BUFFER_TOO_SMALL is returned (`buf` may be NULL when `len` is 0). Waits for a
+/// running step to finish.
+///
+/// # Safety
+/// `buf` writable for `len` bytes; `needed` writable.
+#[no_mangle]
+pub unsafe extern "C" fn specmla_engine_metrics(
+    engine: *mut EngineHandle,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> Status {
+    call(|| {
+        let need_out = out_ptr(needed, "needed")?;
+        let h = handle::get(engine)?;
+        let text = h.engine.metrics_text();
+        let need = text.len() + 1;
+        // SAFETY: checked non-NULL above; the caller guarantees it is writable.
+        unsafe { *need_out = need };
+        if need > len {
+            return Err(FfiError::new(
+                Status::SPECMLA_ERR_BUFFER_TOO_SMALL,
+                format!("metrics buffer holds {len}, {need} needed (the needed size was written to `needed`)"),
+            ));
+        }
+        let b = out_ptr(buf, "buf")?;
+        // SAFETY: `need <= len` writable bytes per the contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), b as *mut u8, text.len());
+            *b.add(text.len()) = 0;
+        }
         Ok(())
     })
 }

@@ -122,6 +122,9 @@ pub struct RequestParams {
     pub speculate: bool,
     /// Return target log-probs of committed tokens in events. Default false.
     pub logprobs: bool,
+    /// NUL-terminated UTF-8 workload label (<= 64 bytes, no control characters): the request's
+    /// counters are also aggregated under it in `specmla_engine_metrics`. NULL = none.
+    pub label: *const c_char,
 }
 
 /// Where new draft weights come from (see SPECMLA_DRAFT_*). Get defaults from
@@ -324,6 +327,7 @@ pub(crate) fn request_defaults() -> RequestParams {
         n_think_end: 0,
         speculate: true,
         logprobs: false,
+        label: std::ptr::null(),
     }
 }
 

@@ -97,6 +97,26 @@ int main(void) {
           h.drafter_panics == 0 && !h.drafter_disabled);
     CHECK_STATUS(specmla_engine_health(foreign, &h), SPECMLA_ERR_INVALID_HANDLE);
   }
+  {
+    /* metrics: the needed size comes back with BUFFER_TOO_SMALL, a big enough buffer gets the
+       NUL-terminated Prometheus text */
+    size_t need = 0;
+    CHECK_STATUS(specmla_engine_metrics(eng, NULL, 0, NULL), SPECMLA_ERR_NULL_POINTER);
+    CHECK_STATUS(specmla_engine_metrics(eng, NULL, 0, &need), SPECMLA_ERR_BUFFER_TOO_SMALL);
+    CHECK(need > 1);
+    char *text = malloc(need);
+    CHECK(text != NULL);
+    CHECK_STATUS(specmla_engine_metrics(eng, text, need - 1, &need), SPECMLA_ERR_BUFFER_TOO_SMALL);
+    CHECK_OK(specmla_engine_metrics(eng, text, need, &need));
+    CHECK(strlen(text) == need - 1);
+    CHECK(strstr(text, "# TYPE specmla_spec_decode_num_accepted_tokens_total counter") != NULL);
+    free(text);
+    CHECK_STATUS(specmla_engine_metrics(foreign, NULL, 0, &need), SPECMLA_ERR_INVALID_HANDLE);
+    /* a label with a control character is refused */
+    specmla_request_params lp = specmla_request_default_params();
+    lp.label = "bad\tlabel";
+    CHECK_STATUS(specmla_engine_submit(eng, e.prompt_ids, e.n_prompt_ids, NULL, &lp, &id), SPECMLA_ERR_INVALID_REQUEST);
+  }
   CHECK_STATUS(specmla_engine_request_counters(eng, 1, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_set_draft_weights(eng, NULL, true, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_swap_status(eng, 1, NULL, NULL), SPECMLA_ERR_NULL_POINTER);

@@ -68,6 +68,12 @@ pub struct GenerateArgs {
     /// Include target log-probs of the committed tokens in the JSON.
     #[arg(long)]
     pub logprobs: bool,
+    /// Workload label of every prompt (counters are also aggregated per label in the metrics).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Write the engine's metrics (Prometheus text format) to FILE at exit.
+    #[arg(long)]
+    pub metrics: Option<PathBuf>,
     /// Target KV cache dtype: f32, bf16, f16, fp8_e4m3.
     #[arg(long, default_value = "bf16")]
     pub kv_dtype: String,
@@ -210,6 +216,7 @@ pub fn build_requests(a: &GenerateArgs) -> Result<Vec<Request>> {
             };
             r.reasoning_budget = budget;
             r.logprobs = a.logprobs;
+            r.label = a.label.clone();
             r
         })
         .collect())
@@ -318,6 +325,12 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.steps, stats.drafter, stats.draft_generation, stats.mean_acceptance_length,
             stats.time_target_forward_s, stats.time_draft_s
         );
+    }
+    if let Some(path) = &a.metrics {
+        std::fs::write(path, engine.metrics_text()).map_err(|e| Error::Io {
+            path: path.clone(),
+            source: e,
+        })?;
     }
     let failed = outs.iter().filter(|o| o.3 == "error").count();
     if failed > 0 {

@@ -1,0 +1,188 @@
+//! Operator metrics: per-label and per-draft-generation counters add up to the engine totals,
+//! and the Prometheus text exposition parses with a real text-format parser (prometheus-parse)
+//! and carries every family, with values equal to the engine's own counters.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{budget_requests, repo, spec_test_cfg};
+use prometheus_parse::{Scrape, Value};
+use specmla::engine::{DraftSource, Engine};
+use specmla::spec::{Counters, SpecMode};
+
+fn golden(name: &str) -> std::path::PathBuf {
+    repo().join("models/golden").join(name)
+}
+
+fn sum(samples: &[&prometheus_parse::Sample]) -> f64 {
+    samples
+        .iter()
+        .map(|s| match s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[test]
+fn label_and_generation_counters_add_up_and_the_text_parses() {
+    let target = golden("v4_mixed");
+    let e = Engine::new(
+        &target,
+        DraftSource::Dir(golden("v4_sliding")),
+        spec_test_cfg(SpecMode::Fixed(3)),
+    )
+    .unwrap();
+    let labels = ["chat", "reasoning", "", "a \"quoted\" \\ label"];
+    let mut reqs = budget_requests(16, 0x5eed, 30, 10, &[11, 12]);
+    for (i, r) in reqs.iter_mut().enumerate() {
+        let l = labels[i % labels.len()];
+        r.label = (!l.is_empty()).then(|| l.to_string());
+    }
+    // first half under the first drafter generation, the rest after a swap
+    let (first, second) = reqs.split_at(8);
+    let a = common::run_checked(&e, first.to_vec(), &[]);
+    e.set_draft_weights_blocking(DraftSource::Ngram { min_n: 1, max_n: 3 })
+        .unwrap();
+    let b = common::run_checked(&e, second.to_vec(), &[]);
+    let outs: Vec<_> = a.into_iter().chain(b).collect();
+
+    // per label: the sum of its requests' counters; overall: the engine totals
+    let buckets = e.label_counters();
+    let mut by_label: HashMap<String, Counters> = HashMap::new();
+    for (l, _, c) in &buckets {
+        by_label.entry(l.clone()).or_default().add(c);
+    }
+    for l in labels {
+        let mut want = Counters::default();
+        for (o, r) in outs.iter().zip(&reqs) {
+            if r.label.as_deref().unwrap_or("") == l {
+                want.add(&o.counters);
+            }
+        }
+        assert_eq!(by_label[l], want, "label {l:?}");
+    }
+    let mut total = Counters::default();
+    buckets.iter().for_each(|(_, _, c)| total.add(c));
+    let st = e.stats();
+    assert_eq!(total, st.totals);
+    let gens: std::collections::BTreeSet<u64> = buckets.iter().map(|(_, g, _)| *g).collect();
+    assert_eq!(gens.len(), 2, "both drafter generations report: {gens:?}");
+    assert!(st.totals.drafted_tokens > 0);
+
+    let text = e.metrics_text();
+    let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parses");
+    let fam = |name: &str| -> Vec<&prometheus_parse::Sample> {
+        scrape.samples.iter().filter(|s| s.metric == name).collect()
+    };
+    for name in [
+        "specmla_spec_decode_num_drafts_total",
+        "specmla_spec_decode_num_draft_tokens_total",
+        "specmla_spec_decode_num_accepted_tokens_total",
+        "specmla_spec_decode_num_accepted_tokens_per_pos_total",
+        "specmla_spec_decode_num_draft_tokens_per_pos_total",
+        "specmla_reasoning_tokens_total",
+        "specmla_answer_tokens_total",
+        "specmla_forced_end_of_think_total",
+        "specmla_spec_decode_draft_tokens_saved_total",
+        "specmla_preemptions_total",
+        "specmla_step_latency_seconds",
+        "specmla_time_per_output_token_seconds",
+        "specmla_kv_blocks",
+        "specmla_draft_swaps_total",
+        "specmla_requests_running",
+    ] {
+        assert!(!fam(name).is_empty(), "family {name} missing:\n{text}");
+    }
+    let t = &st.totals;
+    for (name, want) in [
+        ("specmla_spec_decode_num_drafts_total", t.draft_steps),
+        (
+            "specmla_spec_decode_num_draft_tokens_total",
+            t.drafted_tokens,
+        ),
+        (
+            "specmla_spec_decode_num_accepted_tokens_total",
+            t.accepted_tokens,
+        ),
+        ("specmla_reasoning_tokens_total", t.reasoning_tokens),
+        ("specmla_answer_tokens_total", t.answer_tokens),
+        ("specmla_forced_end_of_think_total", t.forced_end_of_think),
+        ("specmla_prompt_tokens_total", t.prompt_tokens),
+    ] {
+        assert_eq!(sum(&fam(name)), want as f64, "{name}");
+    }
+    assert_eq!(
+        sum(&fam(
+            "specmla_spec_decode_num_accepted_tokens_per_pos_total"
+        )),
+        t.accepted_tokens as f64
+    );
+    // labels survive escaping: the parser splits on the unescaped quotes and hands back the
+    // escaped value (prometheus-parse does not unescape), which unescapes to the original
+    let unescape = |v: &str| {
+        let (mut out, mut it) = (String::new(), v.chars());
+        while let Some(c) = it.next() {
+            match (c, c == '\\') {
+                (_, true) => match it.next() {
+                    Some('n') => out.push('\n'),
+                    Some(o) => out.push(o),
+                    None => {}
+                },
+                (c, false) => out.push(c),
+            }
+        }
+        out
+    };
+    let quoted = fam("specmla_answer_tokens_total")
+        .iter()
+        .any(|s| s.labels.get("label").map(unescape).as_deref() == Some(labels[3]));
+    let seen: Vec<_> = fam("specmla_answer_tokens_total")
+        .iter()
+        .map(|s| s.labels.get("label").map(str::to_string))
+        .collect();
+    assert!(quoted, "escaped label lost: {seen:?}");
+    // swaps: one applied (the n-gram drafter), none failed
+    let applied = fam("specmla_draft_swaps_total")
+        .iter()
+        .find(|s| s.labels.get("outcome") == Some("applied"))
+        .map(|s| sum(&[s]))
+        .unwrap();
+    assert_eq!(applied, 1.0);
+    // histograms: one step-latency observation per step that ran a forward; one TPOT per
+    // finished request with >= 2 generated tokens
+    let hist_count = |name: &str| -> f64 {
+        fam(name)
+            .iter()
+            .map(|s| match &s.value {
+                Value::Histogram(h) => h.iter().map(|b| b.count).fold(0.0, f64::max),
+                _ => 0.0,
+            })
+            .sum()
+    };
+    assert!(hist_count("specmla_step_latency_seconds") > 0.0);
+    let multi = outs.iter().filter(|o| o.token_ids.len() >= 2).count();
+    assert_eq!(
+        hist_count("specmla_time_per_output_token_seconds"),
+        multi as f64
+    );
+}
+
+#[test]
+fn bad_labels_are_refused() {
+    let e = Engine::new(
+        &golden("v4_sliding"),
+        DraftSource::None,
+        spec_test_cfg(SpecMode::Fixed(0)),
+    )
+    .unwrap();
+    for bad in ["x".repeat(65), "tab\there".to_string()] {
+        let mut r = budget_requests(1, 1, 5, 10, &[11, 12]).remove(0);
+        r.label = Some(bad);
+        assert!(e.submit(r).is_err());
+    }
+    let mut r = budget_requests(1, 1, 5, 10, &[11, 12]).remove(0);
+    r.label = Some("x".repeat(64));
+    assert!(e.submit(r).is_ok());
+}
