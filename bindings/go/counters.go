@@ -89,6 +89,36 @@ func (e *Engine) Health() (Health, error) {
 	}, nil
 }
 
+// Metrics waits for a running step, then returns the engine's metrics in the Prometheus text
+// format (counters per workload label and draft generation, latency histograms, KV blocks,
+// swaps).
+func (e *Engine) Metrics() (string, error) {
+	h := e.handle()
+	var n C.size_t
+	err := call(func() C.enum_specmla_status { return C.specmla_engine_metrics(h, nil, 0, &n) })
+	if err == nil {
+		return "", nil
+	}
+	if e2, ok := err.(*Error); !ok || e2.Status != ErrBufferTooSmall {
+		return "", err
+	}
+	for {
+		size := n
+		buf := (*C.char)(C.malloc(size))
+		err = call(func() C.enum_specmla_status { return C.specmla_engine_metrics(h, buf, size, &n) })
+		if err == nil {
+			s := C.GoString(buf)
+			C.free(unsafe.Pointer(buf))
+			return s, nil
+		}
+		C.free(unsafe.Pointer(buf))
+		// the text grew between the two calls (another thread stepped): try again
+		if e2, ok := err.(*Error); !ok || e2.Status != ErrBufferTooSmall {
+			return "", err
+		}
+	}
+}
+
 // Tokenize text with the engine's tokenizer.
 func (e *Engine) Tokenize(text string, addSpecial bool) ([]uint32, error) {
 	ct := C.CString(text)

@@ -326,4 +326,7 @@ func TestNgramAndNoneSwapsAndHasWork(t *testing.T) {
 	if h, err := e.Health(); err != nil || h != (Health{}) {
 		t.Fatalf("healthy engine: %+v %v", h, err)
 	}
+	if m, err := e.Metrics(); err != nil || !strings.Contains(m, "# TYPE specmla_spec_decode_num_accepted_tokens_total counter") {
+		t.Fatalf("metrics: %v\n%s", err, m)
+	}
 }

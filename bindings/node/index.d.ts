@@ -111,6 +111,8 @@ export declare class Engine {
     drafterPanics: number;
     drafterDisabled: boolean;
   };
+  /** Metrics in the Prometheus text format (counters per label and draft generation, ...). */
+  metrics(): string;
   tokenize(text: string, addSpecial?: boolean): number[];
   detokenize(ids: number[] | Uint32Array, skipSpecial?: boolean): string;
   close(): void;

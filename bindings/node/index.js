@@ -70,6 +70,10 @@ class Engine {
   }
 
   // Failure containment: { panicsContained, kvBlocksReclaimed, drafterPanics, drafterDisabled }.
+  metrics() {
+    return native.metrics(this._h);
+  }
+
   health() {
     return native.health(this._h);
   }

@@ -211,6 +211,23 @@ class Engine {
     return h;
   }
 
+  // The engine's metrics in the Prometheus text format (counters per workload label and draft
+  // generation, latency histograms, KV blocks, swaps).
+  std::string metrics() const {
+    size_t n = 0;
+    specmla_status st = specmla_engine_metrics(h_, nullptr, 0, &n);
+    while (st == SPECMLA_ERR_BUFFER_TOO_SMALL) {
+      std::string buf(n, '\0');
+      st = specmla_engine_metrics(h_, buf.data(), buf.size(), &n);
+      if (st == SPECMLA_OK) {
+        buf.resize(n - 1);
+        return buf;
+      }
+    }
+    check(st);
+    return std::string();
+  }
+
   std::vector<uint32_t> tokenize(std::string_view text, bool add_special = false) const {
     std::string t(text);
     std::vector<uint32_t> ids(t.size() + 8);

@@ -161,6 +161,10 @@ TEST(Engine, DraftSwapMidRun) {
   EXPECT_EQ(h.kv_blocks_reclaimed, 0u);
   EXPECT_EQ(h.drafter_panics, 0u);
   EXPECT_FALSE(h.drafter_disabled);
+  // metrics: Prometheus text, the swaps counted
+  const std::string m = e.metrics();
+  EXPECT_NE(m.find("# TYPE specmla_spec_decode_num_accepted_tokens_total counter"), std::string::npos);
+  EXPECT_NE(m.find("specmla_draft_swaps_total{outcome=\"failed\"} 1"), std::string::npos) << m;
 }
 
 TEST(Engine, ErrorsAndMoveSemantics) {

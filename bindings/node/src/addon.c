@@ -687,6 +687,22 @@ static napi_value js_detokenize(napi_env env, napi_callback_info info) {
 }
 
 
+static napi_value js_metrics(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  size_t len = 0;
+  specmla_status st = specmla_engine_metrics(b->eng, NULL, 0, &len);
+  char *buf = NULL;
+  while (st == SPECMLA_ERR_BUFFER_TOO_SMALL) {
+    free(buf);
+    buf = malloc(len);
+    st = specmla_engine_metrics(b->eng, buf, len, &len);
+  }
+  napi_value out = NULL;
+  if (!fail(env, st)) napi_create_string_utf8(env, buf ? buf : "", buf ? len - 1 : 0, &out);
+  free(buf);
+  return out;
+}
+
 static napi_value init(napi_env env, napi_value exports) {
   napi_property_descriptor d[] = {
       {"version", NULL, js_version, NULL, NULL, NULL, napi_default, NULL},
@@ -702,6 +718,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"counters", NULL, js_counters, NULL, NULL, NULL, napi_default, NULL},
       {"stats", NULL, js_stats, NULL, NULL, NULL, napi_default, NULL},
       {"health", NULL, js_health, NULL, NULL, NULL, napi_default, NULL},
+      {"metrics", NULL, js_metrics, NULL, NULL, NULL, napi_default, NULL},
       {"tokenize", NULL, js_tokenize, NULL, NULL, NULL, napi_default, NULL},
       {"detokenize", NULL, js_detokenize, NULL, NULL, NULL, napi_default, NULL},
   };
