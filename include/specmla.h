@@ -391,6 +391,16 @@ typedef struct specmla_draft_source {
    */
   uint32_t ngram_min_n;
   uint32_t ngram_max_n;
+  /**
+   * Acceptance guard: > 0 keeps the previous drafter loaded until the new one has this many
+   * verified draft tokens, then swaps it back when the new acceptance is below
+   * `guard_threshold` (a rate; with `guard_relative` a fraction of the previous drafter's
+   * measured acceptance); the ticket's status then becomes FAILED with a reason starting
+   * "rolled back". 0 = no guard (default).
+   */
+  uint64_t guard_min_drafts;
+  double guard_threshold;
+  bool guard_relative;
 } specmla_draft_source;
 
 /**

@@ -67,6 +67,8 @@ pub(crate) struct Core {
     pub finished_totals: Counters,
     /// Counters per workload label and draft generation, latency histograms.
     pub metrics: super::metrics::Metrics,
+    /// A guarded swap awaiting its verdict (`swap::Swaps::check_guard`).
+    pub guarded: Option<super::swap::Guarded>,
     /// Final counters of requests retired since the engine last published them.
     pub retired: Vec<(u64, Counters)>,
     /// Requests present (running or waiting) when the current step began, and those it planned:
@@ -649,6 +651,9 @@ impl Core {
     pub fn retire(&mut self, r: &mut ReqState) {
         self.kv.free(&mut r.kv);
         if let Some(p) = self.proposer.as_mut() {
+            p.release(r.id);
+        }
+        if let Some(p) = self.guarded.as_mut().and_then(|g| g.prev.as_mut()) {
             p.release(r.id);
         }
         self.finished_totals.add(&r.counters);

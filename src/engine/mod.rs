@@ -32,7 +32,22 @@ use crate::tokenizer::{StreamDecoder, Tokenizer};
 use self::core::Core;
 use request::ReqState;
 pub use request::{Event, Fault, FaultSite, FinishReason, Prompt, Request};
-pub use swap::{DraftSource, SwapStatus};
+pub use swap::{DraftSource, GuardThreshold, SwapGuard, SwapStatus};
+
+/// A guard's threshold must be a rate (absolute: [0, 1]; relative: >= 0) and it must wait for
+/// at least one draft.
+fn check_guard(g: &SwapGuard) -> Result<()> {
+    let ok = match g.threshold {
+        GuardThreshold::Absolute(t) => (0.0..=1.0).contains(&t),
+        GuardThreshold::Relative(f) => f.is_finite() && f >= 0.0,
+    };
+    if !ok || g.min_drafts == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "swap guard: min_drafts must be >= 1 and the threshold a rate, got {g:?}"
+        )));
+    }
+    Ok(())
+}
 
 /// A mutex guard even if a thread panicked while holding it: every engine lock guards data that
 /// is consistent between statements (steps contain their own panics), so poisoning carries no
@@ -323,6 +338,7 @@ impl Engine {
             admitted: 0,
             finished_totals: Counters::default(),
             metrics: Default::default(),
+            guarded: None,
             retired: Vec::new(),
             present_ids: Vec::new(),
             step_ids: Vec::new(),
@@ -484,6 +500,7 @@ impl Engine {
     pub fn step(&self) -> Result<Vec<Event>> {
         let mut core = lock(&self.core);
         let mut events = Vec::new();
+        self.swaps.check_guard(&mut core);
         self.swaps.apply_ready(&mut core);
         for cmd in self.rx.try_iter() {
             match cmd {
@@ -688,7 +705,27 @@ impl Engine {
     /// Returns the error of bad weights directly (the old drafter keeps serving).
     pub fn set_draft_weights_blocking(&self, src: DraftSource) -> Result<u64> {
         let (p, config) = swap::build_contained(src, &self.swap_ctx())?;
-        Ok(self.swaps.enqueue_ready(p, config))
+        Ok(self.swaps.enqueue_ready(p, config, None))
+    }
+
+    /// [`Engine::set_draft_weights`] under an acceptance guard: the previous drafter stays
+    /// loaded until the new one has `guard.min_drafts` verified drafts; if its acceptance is
+    /// then below the guard's threshold the previous drafter is swapped back and the ticket's
+    /// status becomes [`SwapStatus::RolledBack`] with the measured acceptance.
+    pub fn set_draft_weights_guarded(&self, src: DraftSource, guard: SwapGuard) -> Result<u64> {
+        check_guard(&guard)?;
+        Ok(self.swaps.start_guarded(src, self.swap_ctx(), Some(guard)))
+    }
+
+    /// [`Engine::set_draft_weights_guarded`], loading on the calling thread.
+    pub fn set_draft_weights_blocking_guarded(
+        &self,
+        src: DraftSource,
+        guard: SwapGuard,
+    ) -> Result<u64> {
+        check_guard(&guard)?;
+        let (p, config) = swap::build_contained(src, &self.swap_ctx())?;
+        Ok(self.swaps.enqueue_ready(p, config, Some(guard)))
     }
 
     /// Check the engine's internal invariants (tests and debugging): every prefilled running

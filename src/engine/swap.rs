@@ -47,6 +47,9 @@ pub enum SwapStatus {
     Applied { generation: u64 },
     /// Refused; the previous drafter keeps serving.
     Failed(String),
+    /// Installed under an acceptance guard that then failed: the previous drafter serves again
+    /// (from `generation`, a new generation number); `reason` says what was measured.
+    RolledBack { generation: u64, reason: String },
     /// No such ticket.
     Unknown,
 }
@@ -68,6 +71,36 @@ struct Ready {
     ticket: u64,
     proposer: Option<Box<dyn Proposer>>,
     config: Option<ModelConfig>,
+    guard: Option<SwapGuard>,
+}
+
+/// An acceptance guard on a swap: once the new drafter has `min_drafts` verified draft tokens,
+/// its acceptance (accepted / drafted, over every request since the swap) must reach the
+/// threshold, else the previous drafter (kept loaded until then) is swapped back.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwapGuard {
+    pub min_drafts: u64,
+    pub threshold: GuardThreshold,
+}
+
+/// What the new drafter's acceptance is compared with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GuardThreshold {
+    /// An acceptance rate in [0, 1].
+    Absolute(f64),
+    /// A fraction of the previous generation's measured acceptance (no drafts measured for it:
+    /// the guard passes).
+    Relative(f64),
+}
+
+/// A guarded swap waiting for its verdict (held by `Core`).
+pub(crate) struct Guarded {
+    pub ticket: u64,
+    pub guard: SwapGuard,
+    /// The drafter before the swap (None: there was none), its config and generation.
+    pub prev: Option<Box<dyn Proposer>>,
+    pub prev_config: Option<ModelConfig>,
+    pub prev_generation: u64,
 }
 
 /// Swap bookkeeping shared by callers (any thread) and the step loop.
@@ -222,6 +255,11 @@ impl Swaps {
 
     /// Start a background load; returns the ticket.
     pub fn start(&self, src: DraftSource, ctx: SwapCtx) -> u64 {
+        self.start_guarded(src, ctx, None)
+    }
+
+    /// [`Swaps::start`] with an optional acceptance guard.
+    pub fn start_guarded(&self, src: DraftSource, ctx: SwapCtx, guard: Option<SwapGuard>) -> u64 {
         let ticket = self.new_ticket();
         let status = Arc::clone(&self.status);
         let ready = Arc::clone(&self.ready);
@@ -231,6 +269,7 @@ impl Swaps {
                 ticket,
                 proposer,
                 config,
+                guard,
             }),
             Err(e) => {
                 failed.fetch_add(1, Ordering::Relaxed);
@@ -248,6 +287,7 @@ impl Swaps {
         &self,
         proposer: Option<Box<dyn Proposer>>,
         config: Option<ModelConfig>,
+        guard: Option<SwapGuard>,
     ) -> u64 {
         let ticket = self.new_ticket();
         self.ready
@@ -257,6 +297,7 @@ impl Swaps {
                 ticket,
                 proposer,
                 config,
+                guard,
             });
         ticket
     }
@@ -270,11 +311,84 @@ impl Swaps {
             .unwrap_or(SwapStatus::Unknown)
     }
 
+    /// Judge a guarded swap once its drafter has enough verified drafts: keep it (the previous
+    /// drafter is dropped) or swap the previous one back (a new generation; the swap's status
+    /// becomes `RolledBack`). Called by the step loop between steps.
+    pub fn check_guard(&self, core: &mut Core) {
+        let Some(g) = core.guarded.as_ref() else {
+            return;
+        };
+        let rate = |generation: u64| {
+            let (mut d, mut a) = (0u64, 0u64);
+            for ((_, gen), c) in &core.metrics.buckets {
+                if *gen == generation {
+                    d += c.drafted_tokens;
+                    a += c.accepted_tokens;
+                }
+            }
+            (d, a as f64 / d.max(1) as f64)
+        };
+        let (drafted, now) = rate(core.draft_generation);
+        if drafted < g.guard.min_drafts {
+            return;
+        }
+        let want = match g.guard.threshold {
+            GuardThreshold::Absolute(t) => Some(t),
+            GuardThreshold::Relative(f) => {
+                let (d, prev) = rate(g.prev_generation);
+                (d > 0).then_some(f * prev)
+            }
+        };
+        let g = core.guarded.take().expect("checked");
+        let Some(want) = want.filter(|&w| now < w) else {
+            return; // passed: the previous drafter is dropped with `g`
+        };
+        let reason = format!(
+            "acceptance {now:.3} over {drafted} drafted tokens is below the guard's {want:.3}"
+        );
+        core.proposer = g.prev;
+        core.draft_generation += 1;
+        core.drafter_disabled = None;
+        core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR;
+        core.draft_cost = Default::default();
+        core.guard = Default::default();
+        // the restored drafter missed the tokens committed meanwhile: cut its per-request state
+        // to what it still shares with each request
+        if let Some(p) = core.proposer.as_mut() {
+            for r in &core.running {
+                p.on_commit(r.id, &r.tokens);
+            }
+        }
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = g.prev_config;
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                g.ticket,
+                SwapStatus::RolledBack {
+                    generation: core.draft_generation,
+                    reason,
+                },
+            );
+    }
+
     /// Install every drafter that finished loading (called by the step loop between steps).
     pub fn apply_ready(&self, core: &mut Core) {
         let mut ready = std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()));
         ready.sort_by_key(|r| r.ticket);
         for r in ready {
+            // a new swap ends any pending guard (its previous drafter is dropped)
+            core.guarded = r.guard.map(|guard| Guarded {
+                ticket: r.ticket,
+                guard,
+                prev: core.proposer.take(),
+                prev_config: self
+                    .current
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+                prev_generation: core.draft_generation,
+            });
             core.proposer = r.proposer;
             core.draft_generation += 1;
             core.drafter_disabled = None;

@@ -359,7 +359,21 @@ pub unsafe extern "C" fn specmla_engine_set_draft_weights(
             SPECMLA_LOG_INFO,
             &format!("engine {engine:p}: draft swap requested ({src:?}, wait={wait})"),
         );
-        let ticket = if wait && !matches!(src, RsDraft::None) {
+        let guard = (s.guard_min_drafts > 0).then_some(crate::engine::SwapGuard {
+            min_drafts: s.guard_min_drafts,
+            threshold: if s.guard_relative {
+                crate::engine::GuardThreshold::Relative(s.guard_threshold)
+            } else {
+                crate::engine::GuardThreshold::Absolute(s.guard_threshold)
+            },
+        });
+        let ticket = if let Some(g) = guard {
+            if wait && !matches!(src, RsDraft::None) {
+                h.engine.set_draft_weights_blocking_guarded(src, g)?
+            } else {
+                h.engine.set_draft_weights_guarded(src, g)?
+            }
+        } else if wait && !matches!(src, RsDraft::None) {
             h.engine.set_draft_weights_blocking(src).inspect_err(|e| {
                 log(
                     SPECMLA_LOG_WARN,
@@ -400,6 +414,12 @@ pub unsafe extern "C" fn specmla_engine_swap_status(
                 (SwapState::SPECMLA_SWAP_FAILED, 0)
             }
             SwapStatus::Unknown => (SwapState::SPECMLA_SWAP_UNKNOWN, 0),
+            SwapStatus::RolledBack { generation, reason } => {
+                // a failure whose reason (specmla_last_error) says it was rolled back; the
+                // generation is the one the previous drafter serves from again
+                super::set_last_error(&format!("rolled back by the acceptance guard: {reason}"));
+                (SwapState::SPECMLA_SWAP_FAILED, generation)
+            }
         };
         unsafe { *out = state };
         if !out_generation.is_null() {

@@ -142,6 +142,14 @@ pub struct DraftSource {
     /// N-gram range (kind NGRAM). Defaults 1 and 3.
     pub ngram_min_n: u32,
     pub ngram_max_n: u32,
+    /// Acceptance guard: > 0 keeps the previous drafter loaded until the new one has this many
+    /// verified draft tokens, then swaps it back when the new acceptance is below
+    /// `guard_threshold` (a rate; with `guard_relative` a fraction of the previous drafter's
+    /// measured acceptance); the ticket's status then becomes FAILED with a reason starting
+    /// "rolled back". 0 = no guard (default).
+    pub guard_min_drafts: u64,
+    pub guard_threshold: f64,
+    pub guard_relative: bool,
 }
 
 /// Speculation and budget counters of one request (or summed over the engine).
@@ -340,6 +348,9 @@ pub(crate) fn draft_source_defaults() -> DraftSource {
         n_bytes: 0,
         ngram_min_n: 1,
         ngram_max_n: 3,
+        guard_min_drafts: 0,
+        guard_threshold: 0.0,
+        guard_relative: false,
     }
 }
 

@@ -119,6 +119,15 @@ int main(void) {
   }
   CHECK_STATUS(specmla_engine_request_counters(eng, 1, NULL), SPECMLA_ERR_NULL_POINTER);
   CHECK_STATUS(specmla_engine_set_draft_weights(eng, NULL, true, NULL), SPECMLA_ERR_NULL_POINTER);
+  {
+    /* an acceptance guard whose threshold is no rate is refused */
+    specmla_draft_source gs = specmla_draft_source_default();
+    gs.kind = SPECMLA_DRAFT_NGRAM;
+    gs.guard_min_drafts = 8;
+    gs.guard_threshold = 1.5;
+    CHECK_STATUS(specmla_engine_set_draft_weights(eng, &gs, true, NULL), SPECMLA_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(specmla_last_error(), "guard") != NULL);
+  }
   CHECK_STATUS(specmla_engine_swap_status(eng, 1, NULL, NULL), SPECMLA_ERR_NULL_POINTER);
 
   /* bad request params */
