@@ -22,6 +22,7 @@ type RequestOptions struct {
 	StopStrings     []string
 	ThinkStart      []uint32 // nil = the tokenizer's <think>
 	ThinkEnd        []uint32 // nil = the tokenizer's </think>
+	Label           string   // workload label for the metrics ("" = none; <= 64 bytes)
 }
 
 // DefaultRequestOptions: greedy, 256 tokens, no budget, speculation on.
@@ -83,6 +84,9 @@ func (a *cArena) params(o RequestOptions) C.specmla_request_params {
 	if o.ThinkEnd != nil {
 		p.think_end = a.ids(o.ThinkEnd)
 		p.n_think_end = C.size_t(len(o.ThinkEnd))
+	}
+	if o.Label != "" {
+		p.label = a.str(o.Label)
 	}
 	return p
 }

@@ -326,7 +326,13 @@ func TestNgramAndNoneSwapsAndHasWork(t *testing.T) {
 	if h, err := e.Health(); err != nil || h != (Health{}) {
 		t.Fatalf("healthy engine: %+v %v", h, err)
 	}
-	if m, err := e.Metrics(); err != nil || !strings.Contains(m, "# TYPE specmla_spec_decode_num_accepted_tokens_total counter") {
+	o := s.opts(true, -1)
+	o.Label = "go-test"
+	if _, err := e.Generate(s.ids, s.prompt, o); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := e.Metrics(); err != nil || !strings.Contains(m, "# TYPE specmla_spec_decode_num_accepted_tokens_total counter") ||
+		!strings.Contains(m, `label="go-test"`) {
 		t.Fatalf("metrics: %v\n%s", err, m)
 	}
 }

@@ -29,6 +29,8 @@ export interface RequestOptions {
   stopStrings?: string[];
   thinkStart?: number[];
   thinkEnd?: number[];
+  /** Workload label for the metrics (at most 64 bytes). */
+  label?: string;
 }
 
 export interface Event {

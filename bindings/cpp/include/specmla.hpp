@@ -53,6 +53,8 @@ struct RequestOptions {
   std::vector<std::string> stop_strings;
   /// Marker overrides (default: the tokenizer's <think> / </think>).
   std::optional<std::vector<uint32_t>> think_start, think_end;
+  /// Workload label for the metrics (empty = none; at most 64 bytes).
+  std::string label;
 };
 
 /// What one step produced for one request.
@@ -265,6 +267,7 @@ class Engine {
     p.ignore_eos = o.ignore_eos;
     p.speculate = o.speculate;
     p.logprobs = o.logprobs;
+    p.label = o.label.empty() ? nullptr : o.label.c_str();
     p.reasoning_budget = o.reasoning_budget.value_or(-1);
     p.stop_token_ids = o.stop_token_ids.data();
     p.n_stop_token_ids = o.stop_token_ids.size();

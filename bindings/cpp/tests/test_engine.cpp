@@ -161,8 +161,13 @@ TEST(Engine, DraftSwapMidRun) {
   EXPECT_EQ(h.kv_blocks_reclaimed, 0u);
   EXPECT_EQ(h.drafter_panics, 0u);
   EXPECT_FALSE(h.drafter_disabled);
-  // metrics: Prometheus text, the swaps counted
+  // metrics: Prometheus text, the swaps counted, a labelled request's counters under its label
+  specmla::RequestOptions lo;
+  lo.max_tokens = 4;
+  lo.label = "cpp-test";
+  e.generate(std::span<const uint32_t>(s.prompt_ids), lo);
   const std::string m = e.metrics();
+  EXPECT_NE(m.find("label=\"cpp-test\""), std::string::npos) << m;
   EXPECT_NE(m.find("# TYPE specmla_spec_decode_num_accepted_tokens_total counter"), std::string::npos);
   EXPECT_NE(m.find("specmla_draft_swaps_total{outcome=\"failed\"} 1"), std::string::npos) << m;
 }

@@ -123,6 +123,7 @@ typedef struct {
   uint32_t *stop_ids, *think_start, *think_end;
   char **stops;
   size_t n_stops;
+  char *label;
 } req_params;
 
 static void req_params_free(req_params *r) {
@@ -131,6 +132,7 @@ static void req_params_free(req_params *r) {
   free(r->think_end);
   for (size_t i = 0; i < r->n_stops; i++) free(r->stops[i]);
   free(r->stops);
+  free(r->label);
 }
 
 static void read_request(napi_env env, napi_value o, req_params *r) {
@@ -158,6 +160,7 @@ static void read_request(napi_env env, napi_value o, req_params *r) {
     r->p.think_end = r->think_end;
     r->p.n_think_end = n;
   }
+  if (has_prop(env, o, "label", &v) && (r->label = get_string(env, v))) r->p.label = r->label;
   if (has_prop(env, o, "stopStrings", &v)) {
     uint32_t len = 0;
     napi_get_array_length(env, v, &len);

@@ -103,7 +103,9 @@ test('draft swap mid-run keeps greedy output; bad weights are refused', async ()
     drafterPanics: 0,
     drafterDisabled: false,
   });
+  await e.generate(prompt(), Object.assign(opts(true), { label: 'node-test', maxTokens: 4 }));
   const m = e.metrics();
+  assert.ok(m.includes('label="node-test"'), m);
   assert.ok(m.includes('# TYPE specmla_spec_decode_num_accepted_tokens_total counter'), m);
   assert.ok(/specmla_draft_generation \d+/.test(m), m);
   e.close();
