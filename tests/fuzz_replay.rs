@@ -181,6 +181,10 @@ fn regenerate_seed_corpus() {
         "golden/v3_dense3",
         "golden/v32_odd",
         "golden/v32_topk_small",
+        "golden/v4_mixed",
+        "golden/v4_tied",
+        "golden/v4_legacy",
+        "golden/v4_official_fp8",
         "draft",
         "target",
     ] {

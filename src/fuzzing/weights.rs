@@ -8,7 +8,8 @@
 //! q-LoRA, 2x2 block-fp8 weights, YaRN and one MTP layer; 2 = V3 MoE (group-limited softmax
 //! routing, no shared expert) with `q_proj`, tied embeddings and 4x3 fp8 blocks that split a head
 //! of `kv_b_proj`; 3 = V3 MoE with 32 experts in 4 groups; 4 = V3.2 with the lightning indexer
-//! and index_topk 1, so both attention paths run sparse); the rest is one `model.safetensors` (`safetensors`), or a
+//! and index_topk 1, so both attention paths run sparse; 5 = DeepSeek-V4 with every layer type,
+//! hash + top-k MoE and hyper-connections); the rest is one `model.safetensors` (`safetensors`), or a
 //! `model.safetensors.index.json` followed by shards, each introduced by [`SHARD_SEPARATOR`] and
 //! named `model-0000{i}.safetensors` from 1 (`sharded`).
 
@@ -62,8 +63,20 @@ const V32_CONFIG: &str = r#"{"model_type":"deepseek_v32","vocab_size":8,"hidden_
 "kv_lora_rank":2,"qk_nope_head_dim":2,"qk_rope_head_dim":2,"v_head_dim":2,
 "max_position_embeddings":16,"index_n_heads":2,"index_head_dim":2,"index_topk":1}"#;
 
+/// DeepSeek-V4 with every layer type (CSA rate 2 with index_topk 1, HCA rate 4, sliding window
+/// 2), hash + top-k MoE and two hyper-connection streams: the V4 loader (tid2eid, both namings'
+/// lookups, compressors) and its forward fuzzed too.
+const V4_CONFIG: &str = r#"{"model_type":"deepseek_v4","vocab_size":8,"hidden_size":4,
+"moe_intermediate_size":2,"num_hidden_layers":3,"num_attention_heads":2,"head_dim":4,
+"partial_rotary_factor":0.5,"q_lora_rank":2,"o_groups":2,"o_lora_rank":2,"sliding_window":2,
+"layer_types":["compressed_sparse_attention","heavily_compressed_attention","sliding_attention"],
+"compress_rates":{"compressed_sparse_attention":2,"heavily_compressed_attention":4},
+"mlp_layer_types":["hash_moe","moe","moe"],"index_n_heads":2,"index_head_dim":2,"index_topk":1,
+"hc_mult":2,"n_routed_experts":2,"num_experts_per_tok":1,"max_position_embeddings":16,
+"num_nextn_predict_layers":0}"#;
+
 /// Number of fixed configs (`selector % FIXED_CONFIGS`).
-pub const FIXED_CONFIGS: u8 = 5;
+pub const FIXED_CONFIGS: u8 = 6;
 
 /// The fixed config byte `selector` picks (see the module doc).
 fn fixed_config(selector: u8) -> ModelConfig {
@@ -72,7 +85,8 @@ fn fixed_config(selector: u8) -> ModelConfig {
         1 => MOE_FP8_CONFIG,
         2 => MOE_ODD_FP8_CONFIG,
         3 => MOE_32_CONFIG,
-        _ => V32_CONFIG,
+        4 => V32_CONFIG,
+        _ => V4_CONFIG,
     };
     ModelConfig::from_json_str(text).expect("the fuzz harness's fixed configs are valid")
 }
@@ -334,6 +348,29 @@ type SeedTensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
 fn seed_tensors(selector: u8) -> Vec<SeedTensor> {
     use safetensors::Dtype as D;
     let cfg = fixed_config(selector);
+    if let Some(v) = &cfg.v4 {
+        let mut out: Vec<SeedTensor> = crate::model::v4_tensor_shapes(&cfg)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, shape))| {
+                let numel: usize = shape.iter().product();
+                if name.ends_with("tid2eid") {
+                    let ids = (0..numel).flat_map(|j| ((j % v.n_routed_experts) as i64).to_le_bytes());
+                    return (name, D::I64, shape, ids.collect());
+                }
+                let w = if name.contains("norm") {
+                    vec![1.0; numel]
+                } else {
+                    weight_values(numel, i)
+                };
+                let dt = FLOATS[i % 3];
+                let bytes = encode(dt, &w);
+                (name, dt, shape, bytes)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        return out;
+    }
     let mut shapes = expected_tensor_shapes(&cfg);
     if cfg.num_nextn_predict_layers > 0 {
         let (l, h, v) = (cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size);
