@@ -355,7 +355,8 @@ fn seed_tensors(selector: u8) -> Vec<SeedTensor> {
             .map(|(i, (name, shape))| {
                 let numel: usize = shape.iter().product();
                 if name.ends_with("tid2eid") {
-                    let ids = (0..numel).flat_map(|j| ((j % v.n_routed_experts) as i64).to_le_bytes());
+                    let ids =
+                        (0..numel).flat_map(|j| ((j % v.n_routed_experts) as i64).to_le_bytes());
                     return (name, D::I64, shape, ids.collect());
                 }
                 let w = if name.contains("norm") {

@@ -104,6 +104,28 @@ pub struct GenerateArgs {
     /// Swap the drafter after N engine steps: N=DIR (DIR may be `none`, `ngram` or `mtp`); repeatable.
     #[arg(long)]
     pub swap_draft_after: Vec<String>,
+    /// Acceptance guard on every --swap-draft-after swap: MIN:RATE (swap back when the new
+    /// drafter's acceptance over its first MIN drafted tokens is below RATE) or MIN:Fx (below F
+    /// times the previous drafter's acceptance).
+    #[arg(long)]
+    pub swap_guard: Option<String>,
+}
+
+/// `--swap-guard MIN:RATE` or `MIN:Fx`.
+fn parse_guard(s: &str) -> Result<specmla::engine::SwapGuard> {
+    use specmla::engine::{GuardThreshold, SwapGuard};
+    let bad =
+        || Error::InvalidArgument(format!("--swap-guard wants MIN:RATE or MIN:Fx, got `{s}`"));
+    let (n, t) = s.split_once(':').ok_or_else(bad)?;
+    let min_drafts = n.parse::<u64>().map_err(|_| bad())?;
+    let threshold = match t.strip_suffix('x') {
+        Some(f) => GuardThreshold::Relative(f.parse().map_err(|_| bad())?),
+        None => GuardThreshold::Absolute(t.parse().map_err(|_| bad())?),
+    };
+    Ok(SwapGuard {
+        min_drafts,
+        threshold,
+    })
 }
 
 pub fn draft_source(s: &str) -> DraftSource {
@@ -259,6 +281,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ids.push(engine.submit(r)?);
     }
     let mut outs: Vec<(String, Vec<u32>, Vec<f32>, String)> = vec![Default::default(); n];
+    let guard = a.swap_guard.as_deref().map(parse_guard).transpose()?;
     let mut open = n;
     let mut steps = 0u64;
     let stdout = std::io::stdout();
@@ -268,7 +291,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
                 break;
             }
             let (_, src) = swaps.pop().expect("swap");
-            match engine.set_draft_weights_blocking(src) {
+            let swapped = match &guard {
+                Some(g) => engine.set_draft_weights_blocking_guarded(src, *g),
+                None => engine.set_draft_weights_blocking(src),
+            };
+            match swapped {
                 Ok(_) => {}
                 Err(e) => eprintln!("specmla: draft swap refused (old draft keeps serving): {e}"),
             }
