@@ -20,6 +20,7 @@
 //! object with `--json` (progress goes to stderr either way).
 
 mod engine_bench;
+mod pairwise;
 mod random_model;
 mod spec_bench;
 mod swap_bench;

@@ -11,64 +11,14 @@
 //! latent rows.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde_json::json;
 
-use std::time::Instant;
-
-use specmla::engine::{Engine, EngineConfig};
-use specmla::model::Model;
-use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
-use super::random_model::{write_random_checkpoint, BenchModelSpec, ScratchDir};
-use super::{progress, table, BenchArgs, Section};
-
-/// One model's engine and what the table reports about it.
-struct Arm {
-    engine: Engine,
-    vocab: usize,
-    params: usize,
-    kv_bytes_per_token: Vec<(String, usize)>,
-}
-
-fn arm(a: &BenchArgs, dir: &Path, longest: usize, extra: usize) -> Result<Arm> {
-    let model = Arc::new(Model::load_dir(dir)?);
-    let block_size = 16;
-    let cfg = EngineConfig {
-        threads: a.threads.max(1),
-        kv_dtype: super::kv_dtype(a)?,
-        block_size,
-        num_blocks: (longest + extra + 4).div_ceil(block_size) + 8,
-        draft_num_blocks: 1,
-        max_batch_tokens: 2048,
-        max_running: 1,
-        prefix_cache: false,
-        spec: SpecMode::Fixed(0),
-        isa: crate::generate::parse_isa(&a.isa)?,
-        ..EngineConfig::default()
-    };
-    let engine = Engine::from_model(Arc::clone(&model), None, cfg)?;
-    let kv_bytes_per_token = engine
-        .stats()
-        .kv
-        .groups
-        .iter()
-        .map(|g| (g.kind.to_string(), g.bytes_per_token))
-        .collect();
-    Ok(Arm {
-        engine,
-        vocab: model.config.vocab_size,
-        params: model.num_params(),
-        kv_bytes_per_token,
-    })
-}
-
-/// Submit a `ctx`-token prompt and step until its first token (prefill) plus `warmup` steps.
-fn prefill(arm: &Arm, ctx: usize, warmup: usize, steps: usize, seed: u64) -> Result<()> {
-    super::prefill_then_warm(&arm.engine, arm.vocab, ctx, warmup, steps, seed)
-}
+use super::pairwise::{arms, interleaved_decode};
+use super::random_model::BenchModelSpec;
+use super::{table, BenchArgs, Section};
 
 pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
     let contexts = super::parse_lengths(
@@ -92,63 +42,29 @@ pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
     };
     let (warmup, steps) = if a.quick { (1, 4) } else { (2, 12) };
     let longest = contexts.iter().copied().max().unwrap_or(0);
-    let mut dirs = Vec::new();
-    let mut arms = Vec::new();
-    for indexer in [true, false] {
-        let s = ScratchDir::new(scratch_base, if indexer { "v32" } else { "v3-twin" });
-        progress(&format!(
-            "writing the random {} benchmark model to {}",
-            if indexer { "V3.2" } else { "V3 (twin)" },
-            s.0.display()
-        ));
-        write_random_checkpoint(&s.0, &spec.v32_config_json(indexer), a.seed)?;
-        arms.push(arm(a, &s.0, longest, 1 + warmup + steps)?);
-        dirs.push(s);
-    }
+    let (_dirs, arms) = arms(
+        a,
+        scratch_base,
+        [
+            ("v32", "V3.2", spec.v32_config_json(true)),
+            ("v3-twin", "V3 twin", spec.v32_config_json(false)),
+        ],
+        longest,
+        1 + warmup + steps,
+    )?;
     // Per context: both prompts prefilled, then the two engines' decode steps alternate (so a
     // slow spell of the host hits both alike); p50 of each.
-    let mut measured: Vec<[f64; 2]> = Vec::new(); // [V3.2, V3] ms/step p50 per context
-    for (i, &ctx) in contexts.iter().enumerate() {
-        for (j, arm) in arms.iter().enumerate() {
-            progress(&format!(
-                "{}: prefill {ctx} tokens",
-                if j == 0 { "V3.2" } else { "V3 twin" }
-            ));
-            prefill(arm, ctx, warmup, steps, a.seed + 7 * i as u64)?;
-        }
-        progress(&format!(
-            "{steps} interleaved decode steps at context {ctx}"
-        ));
-        let mut times = [Vec::new(), Vec::new()];
-        for _ in 0..steps {
-            for (j, arm) in arms.iter().enumerate() {
-                let t = Instant::now();
-                arm.engine.step()?;
-                times[j].push(t.elapsed().as_secs_f64());
-            }
-        }
-        for arm in &arms {
-            while arm.engine.has_work() {
-                arm.engine.step()?;
-            }
-        }
-        measured.push([
-            1e3 * super::percentile(&times[0], 50.0),
-            1e3 * super::percentile(&times[1], 50.0),
-        ]);
-    }
+    let measured = interleaved_decode(&arms, &contexts, warmup, steps, a.seed)?; // [V3.2, V3]
     let (v32, v3) = (&arms[0], &arms[1]);
     let topk = 2048usize;
-    let bpt = |m: &Arm, kind: &str| {
-        m.kv_bytes_per_token
-            .iter()
-            .find(|(k, _)| k == kind)
-            .map_or(0, |(_, b)| *b)
-    };
-    let (lat, idx) = (bpt(v32, "mla_latent"), bpt(v32, "index_key"));
+    let (lat, idx) = (
+        v32.group_bytes_per_token("mla_latent"),
+        v32.group_bytes_per_token("index_key"),
+    );
     let mut rows = Vec::new();
     let mut js = Vec::new();
-    for (&[ms32, ms3], &ctx) in measured.iter().zip(&contexts) {
+    for (m, &ctx) in measured.iter().zip(&contexts) {
+        let (ms32, ms3) = (m[0], m[1]);
         // the measured steps attend to ctx .. ctx + steps keys: their mean
         let c = ctx as f64 + warmup as f64 + (steps as f64 + 1.0) / 2.0;
         let kv3 = c * lat as f64;

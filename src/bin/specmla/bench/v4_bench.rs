@@ -11,57 +11,14 @@
 //! only, plus every compressed entry).
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Instant;
 
 use serde_json::json;
 
-use specmla::engine::{Engine, EngineConfig};
-use specmla::kv::KvConfig;
-use specmla::model::Model;
-use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
-use super::random_model::{write_random_checkpoint, BenchModelSpec, ScratchDir};
-use super::{progress, table, BenchArgs, Section};
-
-struct Arm {
-    engine: Engine,
-    vocab: usize,
-    params: usize,
-    kv: KvConfig,
-}
-
-fn arm(a: &BenchArgs, dir: &Path, longest: usize, extra: usize) -> Result<Arm> {
-    let model = Arc::new(Model::load_dir(dir)?);
-    let block_size = 16;
-    let dtype = super::kv_dtype(a)?;
-    let num_blocks = (longest + extra + 4).div_ceil(block_size) + 8;
-    let cfg = EngineConfig {
-        threads: a.threads.max(1),
-        kv_dtype: dtype,
-        block_size,
-        num_blocks,
-        draft_num_blocks: 1,
-        max_batch_tokens: 2048,
-        max_running: 1,
-        prefix_cache: false,
-        spec: SpecMode::Fixed(0),
-        isa: crate::generate::parse_isa(&a.isa)?,
-        ..EngineConfig::default()
-    };
-    let engine = Engine::from_model(Arc::clone(&model), None, cfg)?;
-    Ok(Arm {
-        engine,
-        vocab: model.config.vocab_size,
-        params: model.num_params(),
-        kv: KvConfig::for_model(&model.config, block_size, num_blocks, dtype),
-    })
-}
-
-fn prefill(arm: &Arm, ctx: usize, warmup: usize, steps: usize, seed: u64) -> Result<()> {
-    super::prefill_then_warm(&arm.engine, arm.vocab, ctx, warmup, steps, seed)
-}
+use super::pairwise::{arms, interleaved_decode};
+use super::random_model::BenchModelSpec;
+use super::{table, BenchArgs, Section};
 
 pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
     let contexts = super::parse_lengths(
@@ -86,53 +43,23 @@ pub fn run(a: &BenchArgs, scratch_base: &Path) -> Result<Section> {
     };
     let (warmup, steps) = if a.quick { (1, 4) } else { (2, 12) };
     let longest = contexts.iter().copied().max().unwrap_or(0);
-    let mut dirs = Vec::new();
-    let mut arms = Vec::new();
-    for (tag, cfg) in [
-        ("v4", spec.v4_config_json()),
-        ("v3", spec.v32_config_json(false)),
-    ] {
-        let s = ScratchDir::new(scratch_base, tag);
-        progress(&format!(
-            "writing the random {tag} benchmark model to {}",
-            s.0.display()
-        ));
-        write_random_checkpoint(&s.0, &cfg, a.seed)?;
-        arms.push(arm(a, &s.0, longest, 1 + warmup + steps)?);
-        dirs.push(s);
-    }
-    let mut measured: Vec<[f64; 2]> = Vec::new(); // [V4, V3] ms/step p50 per context
-    for (i, &ctx) in contexts.iter().enumerate() {
-        for (j, arm) in arms.iter().enumerate() {
-            progress(&format!("{}: prefill {ctx} tokens", ["V4", "V3"][j]));
-            prefill(arm, ctx, warmup, steps, a.seed + 7 * i as u64)?;
-        }
-        progress(&format!(
-            "{steps} interleaved decode steps at context {ctx}"
-        ));
-        let mut times = [Vec::new(), Vec::new()];
-        for _ in 0..steps {
-            for (j, arm) in arms.iter().enumerate() {
-                let t = Instant::now();
-                arm.engine.step()?;
-                times[j].push(t.elapsed().as_secs_f64());
-            }
-        }
-        for arm in &arms {
-            while arm.engine.has_work() {
-                arm.engine.step()?;
-            }
-        }
-        measured.push([
-            1e3 * super::percentile(&times[0], 50.0),
-            1e3 * super::percentile(&times[1], 50.0),
-        ]);
-    }
+    let (_dirs, arms) = arms(
+        a,
+        scratch_base,
+        [
+            ("v4", "V4", spec.v4_config_json()),
+            ("v3", "V3", spec.v32_config_json(false)),
+        ],
+        longest,
+        1 + warmup + steps,
+    )?;
+    let measured = interleaved_decode(&arms, &contexts, warmup, steps, a.seed)?; // [V4, V3]
     let (v4, v3) = (&arms[0], &arms[1]);
     let (s4, s3) = (v4.kv.bytes_per_token(), v3.kv.bytes_per_token());
     let mut rows = Vec::new();
     let mut js = Vec::new();
-    for (&[ms4, ms3], &ctx) in measured.iter().zip(&contexts) {
+    for (m, &ctx) in measured.iter().zip(&contexts) {
+        let (ms4, ms3) = (m[0], m[1]);
         let (r4, r3) = (v4.kv.resident_bytes(ctx), v3.kv.resident_bytes(ctx));
         rows.push(vec![
             ctx.to_string(),
