@@ -10,6 +10,7 @@
 //! block first (lowest id first on a fresh pool) and only then evicts the least recently released
 //! cached block. All orders are deterministic (no hashing of ids).
 
+use super::prefix_cache::PrefixCache;
 use std::collections::BTreeSet;
 
 #[derive(Debug)]
@@ -123,6 +124,34 @@ impl BlockAllocator {
     /// Free blocks (any order).
     pub(crate) fn free_list(&self) -> &[u32] {
         &self.free
+    }
+
+    /// One block with refcount 1 (see [`BlockAllocator::take`]), dropping the prefix identity
+    /// of an evicted block from `prefix`.
+    pub(crate) fn take_from(&mut self, prefix: &mut PrefixCache) -> Option<u32> {
+        let t = self.take()?;
+        if t.evicted {
+            prefix.remove(t.block);
+        }
+        Some(t.block)
+    }
+
+    /// Drop one reference of `b`; at 0 it stays evictable while `prefix` knows it.
+    pub(crate) fn release_to(&mut self, prefix: &PrefixCache, b: u32) {
+        self.decref(b, prefix.is_cached(b));
+    }
+
+    /// Drop every reference beyond `holders[b]` (the tables that still hold each block);
+    /// returns how many were dropped.
+    pub(crate) fn drop_unheld(&mut self, prefix: &PrefixCache, holders: &[u32]) -> usize {
+        let mut dropped = 0;
+        for b in 0..self.num_blocks() as u32 {
+            while self.refcount(b) > holders[b as usize] {
+                self.release_to(prefix, b);
+                dropped += 1;
+            }
+        }
+        dropped
     }
 
     /// Every block is exactly one of in use (refcount = `holders[b]`, the tables holding it),

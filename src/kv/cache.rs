@@ -801,15 +801,8 @@ impl KvCache {
     /// become free (or evictable while prefix-cached). Returns the references dropped.
     /// O(num_blocks + table sizes).
     pub fn reclaim_unheld(&mut self, live: &[&SeqKv]) -> usize {
-        let n = self.cfg.num_blocks;
-        let holders = holders(n, live);
-        let mut dropped = 0;
-        for b in 0..n as u32 {
-            while self.alloc.refcount(b) > holders[b as usize] {
-                self.release(b);
-                dropped += 1;
-            }
-        }
+        let holders = holders(self.cfg.num_blocks, live, |s| &s.blocks);
+        let mut dropped = self.alloc.drop_unheld(&self.prefix, &holders);
         if let Some(w) = &mut self.win {
             dropped += w.reclaim(live);
         }
@@ -855,7 +848,7 @@ impl KvCache {
                 }
             }
         }
-        let holders = holders(n, live);
+        let holders = holders(n, live, |s| &s.blocks);
         self.alloc
             .check_states(&holders, |b| self.prefix.is_cached(b), "block")?;
         if let Some(w) = &self.win {
@@ -868,16 +861,11 @@ impl KvCache {
 
     /// One block with refcount 1, dropping the prefix identity of an evicted block.
     fn take_block(&mut self) -> Option<u32> {
-        let t = self.alloc.take()?;
-        if t.evicted {
-            self.prefix.remove(t.block);
-        }
-        Some(t.block)
+        self.alloc.take_from(&mut self.prefix)
     }
 
     fn release(&mut self, b: u32) {
-        let cached = self.prefix.is_cached(b);
-        self.alloc.decref(b, cached);
+        self.alloc.release_to(&self.prefix, b);
     }
 
     /// Release `seq.blocks[keep..]`, last block first.
@@ -889,12 +877,12 @@ impl KvCache {
     }
 }
 
-/// How many of the `live` tables hold each block id below `n` (ids out of range are not counted;
-/// `check_invariants` reports them).
-fn holders(n: usize, live: &[&SeqKv]) -> Vec<u32> {
+/// How many of the `live` sequences' tables (`table` picks one class's) hold each block id below
+/// `n` (ids out of range are not counted; `check_invariants` reports them).
+pub(super) fn holders(n: usize, live: &[&SeqKv], table: fn(&SeqKv) -> &[u32]) -> Vec<u32> {
     let mut h = vec![0u32; n];
     for s in live {
-        for &b in &s.blocks {
+        for &b in table(s) {
             if let Some(c) = h.get_mut(b as usize) {
                 *c += 1;
             }

@@ -59,16 +59,11 @@ impl WinClass {
     }
 
     pub(super) fn take(&mut self) -> Option<u32> {
-        let t = self.alloc.take()?;
-        if t.evicted {
-            self.prefix.remove(t.block);
-        }
-        Some(t.block)
+        self.alloc.take_from(&mut self.prefix)
     }
 
     pub(super) fn release(&mut self, b: u32) {
-        let cached = self.prefix.is_cached(b);
-        self.alloc.decref(b, cached);
+        self.alloc.release_to(&self.prefix, b);
     }
 
     /// Drop the first `n` blocks of the sequence's window table.
@@ -124,7 +119,6 @@ impl WinClass {
     /// Invariants of the window class against every live sequence.
     pub(super) fn check(&self, live: &[&SeqKv], bs: usize) -> Result<(), String> {
         let n = self.alloc.num_blocks();
-        let mut holders = vec![0u32; n];
         for (si, s) in live.iter().enumerate() {
             let end = s.win_first + s.win.len();
             if !s.win.is_empty() && end != s.blocks.len() {
@@ -147,9 +141,9 @@ impl WinClass {
                 if i >= s.len / bs && (self.alloc.refcount(b) != 1 || self.prefix.is_cached(b)) {
                     return Err(format!("seq {si}: window tail block {b} shared or cached"));
                 }
-                holders[b as usize] += 1;
             }
         }
+        let holders = super::cache::holders(n, live, |s| &s.win);
         self.alloc
             .check_states(&holders, |b| self.prefix.is_cached(b), "window block")?;
         self.prefix.check()
@@ -157,22 +151,7 @@ impl WinClass {
 
     /// Drop references no live table accounts for (see `KvCache::reclaim_unheld`).
     pub(super) fn reclaim(&mut self, live: &[&SeqKv]) -> usize {
-        let n = self.alloc.num_blocks();
-        let mut holders = vec![0u32; n];
-        for s in live {
-            for &b in &s.win {
-                if (b as usize) < n {
-                    holders[b as usize] += 1;
-                }
-            }
-        }
-        let mut dropped = 0;
-        for b in 0..n as u32 {
-            while self.alloc.refcount(b) > holders[b as usize] {
-                self.release(b);
-                dropped += 1;
-            }
-        }
-        dropped
+        let holders = super::cache::holders(self.alloc.num_blocks(), live, |s| &s.win);
+        self.alloc.drop_unheld(&self.prefix, &holders)
     }
 }
