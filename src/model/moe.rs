@@ -104,8 +104,9 @@ pub(super) fn route(
     idx.into_iter().zip(w).collect()
 }
 
-/// Indices of the k largest values, largest first, ties to the lower index.
-fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
+/// Indices of the k largest values, largest first, ties to the lower index (also V4's router
+/// and CSA indexer selection).
+pub(super) fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
     // NaN (a corrupted router weight or activation) ranks below every number: `partial_cmp`
     // with NaN is no total order, and the standard sort panics on one (found by fuzzing).
     // For numbers the order is unchanged.

@@ -94,18 +94,7 @@ pub(super) fn select(
             })
         })
         .collect();
-    let mut order: Vec<usize> = (0..n).collect();
-    // Descending score; NaN last; equal scores keep the lower entry first (stable).
-    order.sort_by(|&a, &b| {
-        let (x, y) = (scores[a], scores[b]);
-        match (x.is_nan(), y.is_nan()) {
-            (true, true) => std::cmp::Ordering::Equal,
-            (true, false) => std::cmp::Ordering::Greater,
-            (false, true) => std::cmp::Ordering::Less,
-            _ => y.partial_cmp(&x).unwrap(),
-        }
-    });
-    let mut sel = order[..topk].to_vec();
+    let mut sel = crate::model::moe::top_k_desc(&scores, topk);
     sel.sort_unstable();
     sel
 }

@@ -172,18 +172,7 @@ fn v4_moe(cfg: &ModelConfig, f: &V4Ffn, x: &[f32], tokens: &[u32]) -> (Vec<f32>,
                     .enumerate()
                     .map(|(i, s)| s + bias.as_ref().map_or(0.0, |b| b[i]))
                     .collect();
-                let mut order: Vec<usize> = (0..e).collect();
-                order.sort_by(|&a, &b| {
-                    let (x, y) = (choice[a], choice[b]);
-                    match (x.is_nan(), y.is_nan()) {
-                        (true, true) => std::cmp::Ordering::Equal,
-                        (true, false) => std::cmp::Ordering::Greater,
-                        (false, true) => std::cmp::Ordering::Less,
-                        _ => y.partial_cmp(&x).unwrap(),
-                    }
-                });
-                order.truncate(k);
-                order
+                crate::model::moe::top_k_desc(&choice, k)
             }
         };
         let den: f32 = idx.iter().map(|&i| scores[i]).sum::<f32>() + 1e-20;
