@@ -33,11 +33,11 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
-pub use gemm::{matmul, matmul_f32, matmul_many};
+pub use gemm::{matmul, matmul_f32, matmul_f32_serial, matmul_many};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
 pub use vec_ops::{
     axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,
 };
-pub use weighted_sum::weighted_sum_rows;
+pub use weighted_sum::{weighted_sum_rows, weighted_sum_rows_acc};

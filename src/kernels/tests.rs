@@ -489,13 +489,53 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
         }
         for isa in Isa::available() {
             let mut got = vec![1.0f32; rows * width];
-            weighted_sum_rows_with(isa, &p, ps, &lens, &vals, vs, width, &mut got);
+            weighted_sum_rows_with(isa, &p, ps, &lens, &vals, vs, width, &mut got, false);
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
                     "{isa} rows {rows} width {width} keys {keys} at {i}"
                 );
+            }
+            // Streamed: keys in consecutive ranges (accumulating), columns in two groups, each
+            // range's values copied out as attention's span buffer holds them — same bits.
+            for span in [1, 4, 7, 64] {
+                let mut got = vec![0.0f32; rows * width];
+                let c_split = (width / 2) & !15;
+                for (c0, c1) in [(0, c_split), (c_split, width)] {
+                    let cw = c1 - c0;
+                    let mut part = vec![0.0f32; rows * cw]; // [rows, cw]
+                    for k0 in (0..keys).step_by(span) {
+                        let k1 = (k0 + span).min(keys);
+                        let buf: Vec<f32> = (k0..k1)
+                            .flat_map(|t| vals[t * vs + c0..t * vs + c1].iter().copied())
+                            .collect(); // [k1 - k0, cw]
+                        let local: Vec<usize> =
+                            lens.iter().map(|&l| l.clamp(k0, k1) - k0).collect();
+                        weighted_sum_rows_with(
+                            isa,
+                            &p[k0..],
+                            ps,
+                            &local,
+                            &buf,
+                            cw,
+                            cw,
+                            &mut part,
+                            true,
+                        );
+                    }
+                    for r in 0..rows {
+                        got[r * width + c0..r * width + c1]
+                            .copy_from_slice(&part[r * cw..(r + 1) * cw]);
+                    }
+                }
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "{isa} streamed span {span} rows {rows} width {width} keys {keys} at {i}"
+                    );
+                }
             }
         }
     }

@@ -26,7 +26,24 @@ pub fn weighted_sum_rows(
     width: usize,
     out: &mut [f32],
 ) {
-    weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out)
+    weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out, false)
+}
+
+/// As [`weighted_sum_rows`], but adding onto `out` instead of overwriting it: a sum over keys
+/// split into consecutive ranges (attention streaming the cache span by span) gets exactly the
+/// operations of one call over all the keys, when the ranges are visited in increasing order
+/// (row r of the range starting at key k0 passes `p` from column k0 and `lens[r] - k0` keys,
+/// clamped to the range).
+pub fn weighted_sum_rows_acc(
+    p: &[f32],
+    ps: usize,
+    lens: &[usize],
+    vals: &[f32],
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out, true)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -39,6 +56,7 @@ pub(crate) fn weighted_sum_rows_with(
     vs: usize,
     width: usize,
     out: &mut [f32],
+    accumulate: bool,
 ) {
     let rows = lens.len();
     assert_eq!(
@@ -58,7 +76,12 @@ pub(crate) fn weighted_sum_rows_with(
             );
         }
     }
-    out.fill(0.0);
+    if !accumulate {
+        out.fill(0.0);
+    }
+    if width == 0 {
+        return;
+    }
     let mut r0 = 0;
     while r0 < rows {
         let nr = RB.min(rows - r0);

@@ -628,6 +628,46 @@ impl KvCache {
         }
     }
 
+    /// Columns `[c0, c1)` of the MLA latent entries `[start, end)` of `seq`, dequantised into
+    /// `out: [end - start, c1 - c0]` — each value the same bits as through
+    /// [`KvCache::read_range`] (attention's value pass reads only the columns its thread sums).
+    pub fn read_range_cols(
+        &self,
+        layer: usize,
+        seq: &SeqKv,
+        (start, end): (usize, usize),
+        (c0, c1): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let bs = self.cfg.block_size;
+        let g = &self.cfg.groups[Self::LATENT];
+        assert!(layer < g.num_layers, "kv: layer {layer} out of range");
+        assert!(
+            c0 <= c1 && c1 <= g.kind.width(),
+            "kv: columns [{c0}, {c1}) beyond the entry"
+        );
+        assert!(
+            start <= end && end <= self.capacity(seq),
+            "kv: read [{start}, {end}) beyond capacity"
+        );
+        let cw = c1 - c0;
+        assert_eq!(
+            out.len(),
+            (end - start) * cw,
+            "kv: read_range_cols out length"
+        );
+        let pool = &self.pools[Self::LATENT];
+        let mut pos = start;
+        while pos < end {
+            let off = pos % bs;
+            let n = (bs - off).min(end - pos);
+            let slot = self.block_at(Self::LATENT, seq, pos).0 as usize * bs + off;
+            let o = (pos - start) * cw;
+            pool.read_slots_cols(layer, slot, n, (c0, c1), &mut out[o..o + n * cw]); // [n, cw]
+            pos += n;
+        }
+    }
+
     /// Gather the entries of `group` at `positions` (each < reserved capacity) of `seq`,
     /// dequantised into `out: [positions.len(), width]` in the given order; runs of consecutive
     /// positions inside one block are read with one copy/convert. Each entry decodes to the same

@@ -153,6 +153,53 @@ impl KvPool {
         }
     }
 
+    /// Columns `[c0, c1)` of `n` consecutive slots starting at `slot` into `out: [n, c1 - c0]`,
+    /// each value decoded exactly as by [`KvPool::read_slots`] (fp8: the whole entry is decoded,
+    /// its scales being per group, then the columns copied).
+    pub(crate) fn read_slots_cols(
+        &self,
+        layer: usize,
+        slot: usize,
+        n: usize,
+        (c0, c1): (usize, usize),
+        out: &mut [f32],
+    ) {
+        let (w, u) = (self.width, self.slot_units);
+        let cw = c1 - c0;
+        debug_assert!(c0 <= c1 && c1 <= w);
+        debug_assert_eq!(out.len(), n * cw);
+        if cw == 0 {
+            return;
+        }
+        match &self.layers[layer] {
+            LayerBuf::F32(b) => {
+                for (i, o) in out.chunks_exact_mut(cw).enumerate() {
+                    let s = (slot + i) * u;
+                    o.copy_from_slice(&b[s + c0..s + c1]);
+                }
+            }
+            LayerBuf::Bf16(b) => {
+                for (i, o) in out.chunks_exact_mut(cw).enumerate() {
+                    let s = (slot + i) * u;
+                    dtype::decode_bf16(&b[s + c0..s + c1], o);
+                }
+            }
+            LayerBuf::F16(b) => {
+                for (i, o) in out.chunks_exact_mut(cw).enumerate() {
+                    let s = (slot + i) * u;
+                    dtype::decode_f16(&b[s + c0..s + c1], o);
+                }
+            }
+            LayerBuf::Fp8(_) => {
+                let mut row = vec![0f32; w]; // [width]
+                for (i, o) in out.chunks_exact_mut(cw).enumerate() {
+                    self.read_slots(layer, slot + i, 1, &mut row);
+                    o.copy_from_slice(&row[c0..c1]);
+                }
+            }
+        }
+    }
+
     /// Copy `n` slots from `src` to `dst` (slot indices) in every layer (copy-on-write of a block).
     pub(crate) fn copy_slots(&mut self, src: usize, dst: usize, n: usize) {
         let u = self.slot_units;
@@ -224,6 +271,23 @@ mod tests {
             pool.read_slots(1, 5, 1, &mut a);
             pool.read_slots(1, 7, 1, &mut b);
             assert_eq!(a, b);
+            // a column range of a run of slots decodes to the same bits as the whole entries
+            let mut whole = vec![0f32; 3 * (r + p)]; // [3, width]
+            pool.read_slots(1, 5, 3, &mut whole);
+            for (c0, c1) in [(0, r), (16, 40), (r - 3, r + p), (7, 7)] {
+                let mut cols = vec![0f32; 3 * (c1 - c0)]; // [3, c1 - c0]
+                pool.read_slots_cols(1, 5, 3, (c0, c1), &mut cols);
+                for i in 0..3 {
+                    let want = &whole[i * (r + p) + c0..i * (r + p) + c1];
+                    let got = &cols[i * (c1 - c0)..(i + 1) * (c1 - c0)];
+                    assert_eq!(
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{d:?} columns {c0}..{c1} of slot {}",
+                        5 + i
+                    );
+                }
+            }
         }
     }
 }

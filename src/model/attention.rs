@@ -27,8 +27,8 @@
 
 use crate::config::ModelConfig;
 use crate::kernels::{
-    for_each_row, map_indices, matmul, matmul_f32, matmul_many, rms_norm, softmax_inplace,
-    weighted_sum_rows, worth_parallel,
+    for_each_row, map_indices, matmul, matmul_f32, matmul_f32_serial, matmul_many, rms_norm,
+    softmax_inplace, weighted_sum_rows, weighted_sum_rows_acc, worth_parallel,
 };
 use crate::kv::{KvCache, SeqKv};
 
@@ -143,36 +143,32 @@ pub(super) fn mla_attention(
         let n_full = n_mha + n_dense; // tokens that read the cache rows 0..start + n_full
         let q_ch = &q[t0 * nh * qk..(t0 + len) * nh * qk]; // [len, H, qk]
         let out_ch = &mut attn[t0 * nh * vdim..(t0 + len) * nh * vdim]; // [len, H, v]
-        if n_full > 0 {
-            let end = ch.start + n_full;
-            let mut scratch = LatentScratch::take(end * kvd);
-            let cache = scratch.buf(); // [end, kv_lora + rope]
-            kv.read_range(layer, ch.kv, 0, end, cache);
-            let cache = &*cache;
-            if n_mha > 0 {
-                let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
-                mha(
-                    cfg,
-                    a,
-                    scale,
-                    &cache[..keys * kvd],
-                    ch.start,
-                    &q_ch[..n_mha * nh * qk],
-                    &sel_ch[..n_mha],
-                    &mut out_ch[..n_mha * nh * vdim],
-                );
-            }
-            if n_dense > 0 {
-                absorbed(
-                    cfg,
-                    a,
-                    scale,
-                    cache,
-                    ch.start + n_mha,
-                    &q_ch[n_mha * nh * qk..n_full * nh * qk],
-                    &mut out_ch[n_mha * nh * vdim..n_full * nh * vdim],
-                );
-            }
+        if n_mha > 0 {
+            let keys = ch.start + n_mha; // keys [0, keys) needed by the MHA tokens
+            let mut scratch = LatentScratch::take(keys * kvd);
+            let cache = scratch.buf(); // [keys, kv_lora + rope]
+            kv.read_range(layer, ch.kv, 0, keys, cache);
+            mha(
+                cfg,
+                a,
+                scale,
+                cache,
+                ch.start,
+                &q_ch[..n_mha * nh * qk],
+                &sel_ch[..n_mha],
+                &mut out_ch[..n_mha * nh * vdim],
+            );
+        }
+        if n_dense > 0 {
+            absorbed(
+                cfg,
+                a,
+                scale,
+                (kv, layer, ch.kv),
+                ch.start + n_mha,
+                &q_ch[n_mha * nh * qk..n_full * nh * qk],
+                &mut out_ch[n_mha * nh * vdim..n_full * nh * vdim],
+            );
         }
         if n_full < len {
             let picks: Vec<&[u32]> = sel_ch[n_full..]
@@ -417,39 +413,125 @@ fn values_out(cfg: &ModelConfig, a: &Attention, ctx: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Absorbed MQA over the latent cache. `cache`: [>= start + m, kv_lora + rope]; q: [m, H, qk] at
-/// positions start..start + m; out: [m, H, v]. All heads of all queries score against the cache
-/// in ONE matmul (each latent row is read once per step, not once per head), softmax per row
-/// over keys 0..=p, and the latent values are accumulated in key order for all rows at once.
+/// Keys per span of the streamed absorbed path: a span's latent rows, widened to f32, stay in
+/// L2 while every head of every query scores against them (and while the value pass sums them).
+const SPAN: usize = 256;
+
+/// Absorbed MQA streamed over the paged latent cache of one sequence (`src`: cache, layer,
+/// sequence). q: [m, H, qk] at positions start..start + m; out: [m, H, v]. Two passes over the
+/// cache in spans of `SPAN` keys, each span read (and widened) where it is used, never the whole
+/// cache at once:
+/// 1. scores: all heads of all queries against a span's rows in ONE matmul (each latent row read
+///    once per step), spans in parallel; then softmax per row over keys 0..=p;
+/// 2. values: `sum_t p_t c_t` per row, the latent columns split among the workers (each column
+///    of each row read once per step), spans in increasing key order.
+///
+/// Every score is the fixed-order dot of `matmul` and every context element the `t`-increasing
+/// sum of `weighted_sum_rows`, whatever the span and column split: the bits are those of one
+/// matmul and one weighted sum over the whole cache.
 fn absorbed(
     cfg: &ModelConfig,
     a: &Attention,
     scale: f32,
-    cache: &[f32],
+    src: (&KvCache, usize, &SeqKv),
     start: usize,
     q: &[f32],
     out: &mut [f32],
 ) {
     let nh = cfg.num_attention_heads;
-    let (nope, rdim, kvl) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank);
-    let (qk, kvd) = (nope + rdim, kvl + rdim);
-    let m = q.len() / (nh * qk);
     let q_abs = absorb_queries(cfg, a, q); // [m, H, kv_lora + rope]
+    let ctx = latent_attention(src, cfg.kv_lora_rank, nh, scale, start, &q_abs); // [m, H, kv_lora]
+    values_out(cfg, a, &ctx, out);
+}
+
+/// The cache side of [`absorbed`]: `q_abs: [m, H, kv_lora + rope]` (queries at positions
+/// start..start + m) -> ctx: [m, H, kv_lora] = sum_t softmax_t(scale q_abs . latent_t) c_t over
+/// keys 0..=p, streamed span by span as described there.
+fn latent_attention(
+    (kv, layer, seq): (&KvCache, usize, &SeqKv),
+    kvl: usize,
+    nh: usize,
+    scale: f32,
+    start: usize,
+    q_abs: &[f32],
+) -> Vec<f32> {
+    let rows = q_abs.len() / kv_width(kv);
+    let kvd = kv_width(kv);
+    let m = rows / nh;
     let keys = start + m;
-    let rows = m * nh;
+    let spans = keys.div_ceil(SPAN);
+    let span = |b: usize| (b * SPAN, ((b + 1) * SPAN).min(keys));
+    // Pass 1. blocks[b]: [rows, span b's keys]
+    let blocks: Vec<Vec<f32>> = map_indices(spans, rows * keys * kvd, |b| {
+        let (k0, k1) = span(b);
+        let mut scratch = LatentScratch::take((k1 - k0) * kvd);
+        let lat = scratch.buf(); // [k1 - k0, kv_lora + rope]
+        kv.read_range(layer, seq, k0, k1, lat);
+        let mut sb = vec![0f32; rows * (k1 - k0)]; // [rows, k1 - k0]
+        matmul_f32_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
+        sb
+    });
     // scores: [m * H, keys], row (i, h) valid for keys 0..=start + i
     let mut s = vec![0f32; rows * keys];
-    matmul_f32(&cache[..keys * kvd], keys, kvd, &q_abs, rows, &mut s);
+    for (b, sb) in blocks.iter().enumerate() {
+        let (k0, k1) = span(b);
+        let w = k1 - k0;
+        for (r, src) in sb.chunks_exact(w).enumerate() {
+            s[r * keys + k0..r * keys + k1].copy_from_slice(src);
+        }
+    }
+    drop(blocks);
     let lens: Vec<usize> = (0..rows).map(|r| start + r / nh + 1).collect();
     for (r, &len) in lens.iter().enumerate() {
         let row = &mut s[r * keys..r * keys + len];
         row.iter_mut().for_each(|st| *st *= scale);
         softmax_inplace(row);
     }
-    // ctx: [m, H, kv_lora] = sum_t p_t c_t
+    // Pass 2. ctx: [m, H, kv_lora] = sum_t p_t c_t, the columns split in groups (multiples of
+    // 16, the value kernel's vector width), one per worker.
+    let work = rows * keys * kvl;
+    let groups = if worth_parallel(work) {
+        rayon::current_num_threads().min(kvl / 16).max(1)
+    } else {
+        1
+    };
+    let bound = |g: usize| {
+        if g == groups {
+            kvl
+        } else {
+            (g * kvl / groups) & !15
+        }
+    };
+    let parts: Vec<Vec<f32>> = map_indices(groups, work, |g| {
+        let (c0, c1) = (bound(g), bound(g + 1));
+        let cw = c1 - c0;
+        let mut part = vec![0f32; rows * cw]; // [rows, c1 - c0]
+        let mut scratch = LatentScratch::take(SPAN.min(keys) * cw);
+        for b in 0..spans {
+            let (k0, k1) = span(b);
+            let vals = &mut scratch.buf()[..(k1 - k0) * cw]; // [k1 - k0, c1 - c0]
+            kv.read_range_cols(layer, seq, (k0, k1), (c0, c1), vals);
+            let local: Vec<usize> = lens.iter().map(|&l| l.clamp(k0, k1) - k0).collect();
+            weighted_sum_rows_acc(&s[k0..], keys, &local, vals, cw, cw, &mut part);
+        }
+        part
+    });
     let mut ctx = vec![0f32; rows * kvl];
-    latent_sums(&s, keys, &lens, cache, kvd, &mut ctx);
-    values_out(cfg, a, &ctx, out);
+    for (g, part) in parts.iter().enumerate() {
+        let (c0, c1) = (bound(g), bound(g + 1));
+        if c1 == c0 {
+            continue;
+        }
+        for (r, src) in part.chunks_exact(c1 - c0).enumerate() {
+            ctx[r * kvl + c0..r * kvl + c1].copy_from_slice(src);
+        }
+    }
+    ctx
+}
+
+/// Values per MLA latent entry (kv_lora + rope) of the cache.
+fn kv_width(kv: &KvCache) -> usize {
+    kv.config().groups[KvCache::LATENT].kind.width()
 }
 
 /// `ctx[r] = sum_t p[r, t] * latent[t][..kv_lora]` for every row r (t < lens[r]); rows are split
@@ -532,4 +614,86 @@ fn absorbed_sparse(
         latent_sums(&s, k, &vec![k; nh], &g, kvd, ctx_i);
     }
     values_out(cfg, a, &ctx, out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvConfig, KvDtype};
+
+    /// The whole-cache computation the streamed path replaces: read every latent row, one
+    /// matmul for the scores, softmax, one weighted sum.
+    fn whole_cache(
+        (kv, layer, seq): (&KvCache, usize, &SeqKv),
+        kvl: usize,
+        nh: usize,
+        scale: f32,
+        start: usize,
+        q_abs: &[f32],
+    ) -> Vec<f32> {
+        let kvd = kv_width(kv);
+        let rows = q_abs.len() / kvd;
+        let keys = start + rows / nh;
+        let mut cache = vec![0f32; keys * kvd]; // [keys, kv_lora + rope]
+        kv.read_range(layer, seq, 0, keys, &mut cache);
+        let mut s = vec![0f32; rows * keys]; // [rows, keys]
+        matmul_f32(&cache, keys, kvd, q_abs, rows, &mut s);
+        let lens: Vec<usize> = (0..rows).map(|r| start + r / nh + 1).collect();
+        for (r, &len) in lens.iter().enumerate() {
+            let row = &mut s[r * keys..r * keys + len];
+            row.iter_mut().for_each(|st| *st *= scale);
+            softmax_inplace(row);
+        }
+        let mut ctx = vec![0f32; rows * kvl]; // [rows, kv_lora]
+        weighted_sum_rows(&s, keys, &lens, &cache, kvd, kvl, &mut ctx);
+        ctx
+    }
+
+    #[test]
+    fn streamed_latent_attention_is_the_whole_cache_computation() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
+            for (kvl, rope, nh, len, m) in [
+                (48usize, 16usize, 4usize, 700usize, 3usize),
+                (40, 8, 3, 257, 1),
+                (8, 4, 2, 5, 2),
+            ] {
+                let bs = 16;
+                let cfg = KvConfig::latent_only(2, kvl, rope, bs, len.div_ceil(bs) + 1, dtype);
+                let mut kv = KvCache::new(cfg).unwrap();
+                let mut seq = SeqKv::new();
+                let plan = kv.plan_grow(&seq, len).unwrap();
+                kv.commit_grow(&mut seq, plan);
+                for pos in 0..len {
+                    let c: Vec<f32> = (0..kvl).map(|_| rnd()).collect(); // [kv_lora]
+                    let k: Vec<f32> = (0..rope).map(|_| rnd()).collect(); // [rope]
+                    kv.write_slot(1, &seq, pos, &c, &k);
+                }
+                kv.set_len(&mut seq, len);
+                let kvd = kvl + rope;
+                let q_abs: Vec<f32> = (0..m * nh * kvd).map(|_| 4.0 * rnd()).collect(); // [m, H, kvd]
+                let start = len - m;
+                let want = whole_cache((&kv, 1, &seq), kvl, nh, 0.3, start, &q_abs);
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let got = pool
+                        .install(|| latent_attention((&kv, 1, &seq), kvl, nh, 0.3, start, &q_abs));
+                    assert_eq!(
+                        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{dtype:?} kv_lora {kvl} heads {nh} keys {len} queries {m} threads {threads}"
+                    );
+                }
+            }
+        }
+    }
 }

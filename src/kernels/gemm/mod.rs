@@ -87,6 +87,29 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usiz
     matmul_with(Isa::current(), WRef::F32(w), rows, cols, x, n_tokens, y);
 }
 
+/// [`matmul_f32`] on the calling thread only: for callers that already split their work across
+/// the pool (attention's key spans). Same bits as [`matmul_f32`].
+pub fn matmul_f32_serial(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(w.len(), rows * cols, "matmul_f32: w is not [rows, cols]");
+    matmul_in(
+        Isa::current(),
+        WRef::F32(w),
+        rows,
+        cols,
+        x,
+        n_tokens,
+        y,
+        false,
+    );
+}
+
 /// Several independent one-token products `ys[i][..w_i.rows] = w_i · xs[i]` in ONE parallel
 /// pass over all their row blocks (decode: an MoE layer's experts, q and kv_a projections):
 /// one fork-join instead of one per matrix, and the memory streams of the next matrix start
@@ -161,6 +184,21 @@ pub(crate) fn matmul_with(
     n: usize,
     y: &mut [f32],
 ) {
+    matmul_in(isa, w, rows, cols, x, n, y, true)
+}
+
+/// `matmul_with`; `may_fork`: false keeps every row block on the calling thread.
+#[allow(clippy::too_many_arguments)]
+fn matmul_in(
+    isa: Isa,
+    w: WRef<'_>,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    may_fork: bool,
+) {
     assert_eq!(x.len(), n * cols, "matmul: x is not [n_tokens, cols]");
     assert_eq!(y.len(), n * rows, "matmul: y is not [n_tokens, rows]");
     check_fp8_shape(w, rows, cols);
@@ -172,7 +210,7 @@ pub(crate) fn matmul_with(
         // is computed exactly as in one call.
         for t0 in (0..n).step_by(CALL_TOKEN_CHUNK) {
             let m = CALL_TOKEN_CHUNK.min(n - t0);
-            matmul_with(
+            matmul_in(
                 isa,
                 w,
                 rows,
@@ -180,6 +218,7 @@ pub(crate) fn matmul_with(
                 &x[t0 * cols..(t0 + m) * cols],
                 m,
                 &mut y[t0 * rows..(t0 + m) * rows],
+                may_fork,
             );
         }
         return;
@@ -189,7 +228,7 @@ pub(crate) fn matmul_with(
     } else {
         ROW_BLOCK_GEMM
     };
-    let parallel = rows > rb && super::worth_parallel(rows * cols * n);
+    let parallel = may_fork && rows > rb && super::worth_parallel(rows * cols * n);
     // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
     let mut xbuf = AlignedBuf::default();
     #[cfg(target_arch = "x86_64")]
