@@ -9,7 +9,8 @@
 //! at run time, pinned per thread). The portable fallback is bitwise equal to the SIMD paths.
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
-//! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows),
+//! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows), `rows.rs` (borrowed rows in
+//! their storage precision: KV spans read in place),
 //! `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
 //! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
 //! AVX-512), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
@@ -23,6 +24,7 @@ mod isa;
 mod lanes;
 pub mod matrix;
 mod par;
+mod rows;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(target_arch = "x86_64")]
@@ -33,11 +35,12 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
-pub use gemm::{matmul, matmul_f32, matmul_f32_serial, matmul_many};
+pub use gemm::{matmul, matmul_f32, matmul_f32_serial, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
+pub use rows::Rows;
 pub use vec_ops::{
     axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,
 };
-pub use weighted_sum::{weighted_sum_rows, weighted_sum_rows_acc};
+pub use weighted_sum::{weighted_sum_rows, weighted_sum_rows_acc, weighted_sum_rows_acc_in};

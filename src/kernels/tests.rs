@@ -497,6 +497,33 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
                     "{isa} rows {rows} width {width} keys {keys} at {i}"
                 );
             }
+            // Values stored as bf16 / f16: the bits of the same sum over their f32 widening.
+            let bf: Vec<u16> = vals.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+            let hf: Vec<half::f16> = vals.iter().map(|&v| half::f16::from_f32(v)).collect();
+            let wide_bf: Vec<f32> = bf
+                .iter()
+                .map(|&b| f32::from_bits((b as u32) << 16))
+                .collect();
+            let wide_hf: Vec<f32> = hf.iter().map(|h| h.to_f32()).collect();
+            let mut w_bf = vec![0.0f32; rows * width];
+            let mut w_hf = vec![0.0f32; rows * width];
+            weighted_sum_rows_with(isa, &p, ps, &lens, &wide_bf, vs, width, &mut w_bf, false);
+            weighted_sum_rows_with(isa, &p, ps, &lens, &wide_hf, vs, width, &mut w_hf, false);
+            let mut g_bf = vec![0.0f32; rows * width];
+            let mut g_hf = vec![0.0f32; rows * width];
+            weighted_sum_rows_with(isa, &p, ps, &lens, &bf, vs, width, &mut g_bf, false);
+            weighted_sum_rows_with(isa, &p, ps, &lens, &hf, vs, width, &mut g_hf, false);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&g_bf),
+                bits(&w_bf),
+                "{isa} bf16 rows {rows} width {width}"
+            );
+            assert_eq!(
+                bits(&g_hf),
+                bits(&w_hf),
+                "{isa} f16 rows {rows} width {width}"
+            );
             // Streamed: keys in consecutive ranges (accumulating), columns in two groups, each
             // range's values copied out as attention's span buffer holds them — same bits.
             for span in [1, 4, 7, 64] {

@@ -8,7 +8,82 @@
 //! of 4 rows x 4 vectors of columns in registers over the key loop, so each value row is read
 //! once per row block instead of once per row.
 
-use super::Isa;
+use super::{Isa, Rows};
+
+/// A value type the kernels widen exactly to f32: f32, bf16 bits (u16), f16.
+pub(crate) trait Val: Copy {
+    fn f32(self) -> f32;
+    /// 16 consecutive values at `p` as f32 lanes (AVX-512F).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// 8 consecutive values at `p` as f32 lanes (AVX2 + F16C).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(p: *const Self) -> std::arch::x86_64::__m256;
+}
+
+impl Val for f32 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn load16(p: *const f32) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load8(p: *const f32) -> std::arch::x86_64::__m256 {
+        std::arch::x86_64::_mm256_loadu_ps(p)
+    }
+}
+
+impl Val for u16 {
+    /// bf16 bits: shifted into the high half of an f32 (exact).
+    #[inline]
+    fn f32(self) -> f32 {
+        f32::from_bits((self as u32) << 16)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn load16(p: *const u16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load8(p: *const u16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        let h = _mm_loadu_si128(p as *const __m128i);
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+    }
+}
+
+impl Val for half::f16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn load16(p: *const half::f16) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const half::f16) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+}
 
 /// Rows per register block.
 const RB: usize = 4;
@@ -46,13 +121,32 @@ pub fn weighted_sum_rows_acc(
     weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out, true)
 }
 
+/// [`weighted_sum_rows_acc`] over values in their storage precision (a KV cache span read in
+/// place): the bits of the same call over their f32 copy.
+pub fn weighted_sum_rows_acc_in(
+    p: &[f32],
+    ps: usize,
+    lens: &[usize],
+    vals: Rows<'_>,
+    vs: usize,
+    width: usize,
+    out: &mut [f32],
+) {
+    let isa = Isa::current();
+    match vals {
+        Rows::F32(v) => weighted_sum_rows_with(isa, p, ps, lens, v, vs, width, out, true),
+        Rows::Bf16(v) => weighted_sum_rows_with(isa, p, ps, lens, v, vs, width, out, true),
+        Rows::F16(v) => weighted_sum_rows_with(isa, p, ps, lens, v, vs, width, out, true),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn weighted_sum_rows_with(
+pub(crate) fn weighted_sum_rows_with<V: Val>(
     isa: Isa,
     p: &[f32],
     ps: usize,
     lens: &[usize],
-    vals: &[f32],
+    vals: &[V],
     vs: usize,
     width: usize,
     out: &mut [f32],
@@ -112,7 +206,7 @@ pub(crate) fn weighted_sum_rows_with(
             for t in from..lens[r0 + i] {
                 let a = pb[i * ps + t];
                 for (oi, vi) in o.iter_mut().zip(&vals[t * vs..t * vs + width]) {
-                    *oi += a * *vi;
+                    *oi += a * vi.f32();
                 }
             }
         }
@@ -123,14 +217,14 @@ pub(crate) fn weighted_sum_rows_with(
 /// RB rows, keys t0..t1 (accumulating onto `out`), all columns: up to 4 vectors of 16 columns per register block, then
 /// the column tail one element at a time (same operations).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_avx512(
+unsafe fn block_avx512<V: Val>(
     p: &[f32],
     ps: usize,
     t0: usize,
     t1: usize,
-    vals: &[f32],
+    vals: &[V],
     vs: usize,
     width: usize,
     out: &mut [f32],
@@ -140,10 +234,10 @@ unsafe fn block_avx512(
     while c0 + 16 <= width {
         let nc = 4.min((width - c0) / 16);
         match nc {
-            4 => cols_avx512::<4>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
-            3 => cols_avx512::<3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
-            2 => cols_avx512::<2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
-            _ => cols_avx512::<1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            4 => cols_avx512::<V, 4>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            3 => cols_avx512::<V, 3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx512::<V, 2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx512::<V, 1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 16 * nc;
     }
@@ -153,14 +247,14 @@ unsafe fn block_avx512(
 /// RB rows x NC vectors of 16 columns (at `v` / `o`), accumulators in registers over the keys.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cols_avx512<const NC: usize>(
+unsafe fn cols_avx512<V: Val, const NC: usize>(
     p: *const f32,
     ps: usize,
     t0: usize,
     t1: usize,
-    v: *const f32,
+    v: *const V,
     vs: usize,
     o: *mut f32,
     os: usize,
@@ -175,7 +269,7 @@ unsafe fn cols_avx512<const NC: usize>(
     for t in t0..t1 {
         let mut vv = [_mm512_setzero_ps(); NC];
         for (j, x) in vv.iter_mut().enumerate() {
-            *x = _mm512_loadu_ps(v.add(t * vs + 16 * j));
+            *x = V::load16(v.add(t * vs + 16 * j));
         }
         for (i, ai) in acc.iter_mut().enumerate() {
             let a = _mm512_set1_ps(*p.add(i * ps + t));
@@ -192,14 +286,14 @@ unsafe fn cols_avx512<const NC: usize>(
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_avx2(
+unsafe fn block_avx2<V: Val>(
     p: &[f32],
     ps: usize,
     t0: usize,
     t1: usize,
-    vals: &[f32],
+    vals: &[V],
     vs: usize,
     width: usize,
     out: &mut [f32],
@@ -209,9 +303,9 @@ unsafe fn block_avx2(
     while c0 + 8 <= width {
         let nc = 3.min((width - c0) / 8);
         match nc {
-            3 => cols_avx2::<3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
-            2 => cols_avx2::<2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
-            _ => cols_avx2::<1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            3 => cols_avx2::<V, 3>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            2 => cols_avx2::<V, 2>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
+            _ => cols_avx2::<V, 1>(pp, ps, t0, t1, vp.add(c0), vs, op.add(c0), width),
         }
         c0 += 8 * nc;
     }
@@ -220,14 +314,14 @@ unsafe fn block_avx2(
 
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn cols_avx2<const NC: usize>(
+unsafe fn cols_avx2<V: Val, const NC: usize>(
     p: *const f32,
     ps: usize,
     t0: usize,
     t1: usize,
-    v: *const f32,
+    v: *const V,
     vs: usize,
     o: *mut f32,
     os: usize,
@@ -242,7 +336,7 @@ unsafe fn cols_avx2<const NC: usize>(
     for t in t0..t1 {
         let mut vv = [_mm256_setzero_ps(); NC];
         for (j, x) in vv.iter_mut().enumerate() {
-            *x = _mm256_loadu_ps(v.add(t * vs + 8 * j));
+            *x = V::load8(v.add(t * vs + 8 * j));
         }
         for (i, ai) in acc.iter_mut().enumerate() {
             let a = _mm256_set1_ps(*p.add(i * ps + t));
@@ -260,12 +354,12 @@ unsafe fn cols_avx2<const NC: usize>(
 
 /// Columns c0..width of the RB rows, keys t0..t1, element by element.
 #[allow(clippy::too_many_arguments)]
-fn tail_columns(
+fn tail_columns<V: Val>(
     p: &[f32],
     ps: usize,
     t0: usize,
     t1: usize,
-    vals: &[f32],
+    vals: &[V],
     vs: usize,
     width: usize,
     c0: usize,
@@ -278,7 +372,7 @@ fn tail_columns(
         for t in t0..t1 {
             let a = p[i * ps + t];
             for c in c0..width {
-                out[i * width + c] += a * vals[t * vs + c];
+                out[i * width + c] += a * vals[t * vs + c].f32();
             }
         }
     }

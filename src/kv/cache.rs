@@ -27,6 +27,7 @@ use super::seq::{KvPlan, SeqKv};
 use super::spec::{KvConfig, KvGroupSpec, KvKind};
 use super::window::WinClass;
 use crate::error::{Error, Result};
+use crate::kernels::Rows;
 
 /// Occupancy and prefix-cache counters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -626,6 +627,35 @@ impl KvCache {
             pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, width]
             pos += n;
         }
+    }
+
+    /// The MLA latent entries `[start, end)` of `seq` in place, `[end - start, width]` as
+    /// stored, when they sit in consecutive blocks of the pool and the dtype widens exactly
+    /// (f32 / bf16 / f16): attention then scores and sums them without a copy. None otherwise
+    /// (read them with [`KvCache::read_range`]).
+    pub fn latent_span(
+        &self,
+        layer: usize,
+        seq: &SeqKv,
+        (start, end): (usize, usize),
+    ) -> Option<Rows<'_>> {
+        let bs = self.cfg.block_size;
+        assert!(
+            start <= end && end <= self.capacity(seq),
+            "kv: read [{start}, {end}) beyond capacity"
+        );
+        if start == end {
+            return None;
+        }
+        let first = self.block_at(Self::LATENT, seq, start).0 as usize;
+        let last_bi = (end - 1) / bs;
+        for (i, bi) in (start / bs..=last_bi).enumerate() {
+            if self.block_at(Self::LATENT, seq, bi * bs).0 as usize != first + i {
+                return None;
+            }
+        }
+        let slot = first * bs + start % bs;
+        self.pools[Self::LATENT].rows(layer, slot, end - start)
     }
 
     /// Columns `[c0, c1)` of the MLA latent entries `[start, end)` of `seq`, dequantised into

@@ -12,8 +12,11 @@
 //! copy (f32), a shift (bf16), `half`'s bulk conversion (f16) or a table lookup times a scale
 //! (fp8); no `unsafe`. Fresh storage is zero-filled (reads of never-written slots give 0.0).
 
+use half::slice::HalfBitsSliceExt;
+
 use super::dtype::{self, fp8_groups, KvDtype};
 use super::spec::KvGroupSpec;
+use crate::kernels::Rows;
 
 /// One layer's buffer, `[num_blocks * block_size, entry]` in the group's dtype.
 #[derive(Debug)]
@@ -150,6 +153,19 @@ impl KvPool {
                     }
                 }
             }
+        }
+    }
+
+    /// `n` consecutive slots from `slot` as stored, `[n, width]`, for the precisions the
+    /// kernels widen exactly (f32 / bf16 / f16); None for fp8 (its per-group scales are not a
+    /// plain row).
+    pub(crate) fn rows(&self, layer: usize, slot: usize, n: usize) -> Option<Rows<'_>> {
+        let u = self.slot_units;
+        match &self.layers[layer] {
+            LayerBuf::F32(b) => Some(Rows::F32(&b[slot * u..(slot + n) * u])),
+            LayerBuf::Bf16(b) => Some(Rows::Bf16(&b[slot * u..(slot + n) * u])),
+            LayerBuf::F16(b) => Some(Rows::F16(b[slot * u..(slot + n) * u].reinterpret_cast())),
+            LayerBuf::Fp8(_) => None,
         }
     }
 

@@ -27,8 +27,9 @@
 
 use crate::config::ModelConfig;
 use crate::kernels::{
-    for_each_row, map_indices, matmul, matmul_f32, matmul_f32_serial, matmul_many, rms_norm,
-    softmax_inplace, weighted_sum_rows, weighted_sum_rows_acc, worth_parallel,
+    for_each_row, map_indices, matmul, matmul_f32, matmul_f32_serial, matmul_many,
+    matmul_rows_serial, rms_norm, softmax_inplace, weighted_sum_rows, weighted_sum_rows_acc,
+    weighted_sum_rows_acc_in, worth_parallel,
 };
 use crate::kv::{KvCache, SeqKv};
 
@@ -464,11 +465,16 @@ fn latent_attention(
     // Pass 1. blocks[b]: [rows, span b's keys]
     let blocks: Vec<Vec<f32>> = map_indices(spans, rows * keys * kvd, |b| {
         let (k0, k1) = span(b);
-        let mut scratch = LatentScratch::take((k1 - k0) * kvd);
-        let lat = scratch.buf(); // [k1 - k0, kv_lora + rope]
-        kv.read_range(layer, seq, k0, k1, lat);
         let mut sb = vec![0f32; rows * (k1 - k0)]; // [rows, k1 - k0]
-        matmul_f32_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
+        if let Some(lat) = kv.latent_span(layer, seq, (k0, k1)) {
+            // in place: [k1 - k0, kv_lora + rope] as stored
+            matmul_rows_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
+        } else {
+            let mut scratch = LatentScratch::take((k1 - k0) * kvd);
+            let lat = scratch.buf(); // [k1 - k0, kv_lora + rope]
+            kv.read_range(layer, seq, k0, k1, lat);
+            matmul_f32_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
+        }
         sb
     });
     // scores: [m * H, keys], row (i, h) valid for keys 0..=start + i
@@ -509,10 +515,16 @@ fn latent_attention(
         let mut scratch = LatentScratch::take(SPAN.min(keys) * cw);
         for b in 0..spans {
             let (k0, k1) = span(b);
-            let vals = &mut scratch.buf()[..(k1 - k0) * cw]; // [k1 - k0, c1 - c0]
-            kv.read_range_cols(layer, seq, (k0, k1), (c0, c1), vals);
             let local: Vec<usize> = lens.iter().map(|&l| l.clamp(k0, k1) - k0).collect();
-            weighted_sum_rows_acc(&s[k0..], keys, &local, vals, cw, cw, &mut part);
+            if let Some(lat) = kv.latent_span(layer, seq, (k0, k1)) {
+                // in place: rows of kv_lora + rope values, columns c0.. of each
+                let vals = lat.skip(c0);
+                weighted_sum_rows_acc_in(&s[k0..], keys, &local, vals, kvd, cw, &mut part);
+            } else {
+                let vals = &mut scratch.buf()[..(k1 - k0) * cw]; // [k1 - k0, c1 - c0]
+                kv.read_range_cols(layer, seq, (k0, k1), (c0, c1), vals);
+                weighted_sum_rows_acc(&s[k0..], keys, &local, vals, cw, cw, &mut part);
+            }
         }
         part
     });
@@ -666,10 +678,33 @@ mod tests {
             ] {
                 let bs = 16;
                 let cfg = KvConfig::latent_only(2, kvl, rope, bs, len.div_ceil(bs) + 1, dtype);
+                let cfg = KvConfig {
+                    num_blocks: 2 * len.div_ceil(bs) + 2,
+                    ..cfg
+                };
                 let mut kv = KvCache::new(cfg).unwrap();
                 let mut seq = SeqKv::new();
+                // The first half grows block by block interleaved with another sequence (spans
+                // in scattered blocks: read through a copy), the rest at once (consecutive
+                // blocks: read in place).
+                let mut other = SeqKv::new();
+                let half = (len / 2).div_ceil(bs) * bs;
+                for n in (bs..=half.min(len)).step_by(bs) {
+                    let plan = kv.plan_grow(&seq, n).unwrap();
+                    kv.commit_grow(&mut seq, plan);
+                    let plan = kv.plan_grow(&other, n).unwrap();
+                    kv.commit_grow(&mut other, plan);
+                }
                 let plan = kv.plan_grow(&seq, len).unwrap();
                 kv.commit_grow(&mut seq, plan);
+                assert_eq!(
+                    kv.latent_span(1, &seq, (0, len.min(2 * bs))).is_some(),
+                    len <= bs && dtype != KvDtype::Fp8E4M3,
+                    "{dtype:?}: first blocks scattered"
+                );
+                if len > half + bs && dtype != KvDtype::Fp8E4M3 {
+                    assert!(kv.latent_span(1, &seq, (half, len)).is_some());
+                }
                 for pos in 0..len {
                     let c: Vec<f32> = (0..kvl).map(|_| rnd()).collect(); // [kv_lora]
                     let k: Vec<f32> = (0..rope).map(|_| rnd()).collect(); // [rope]

@@ -110,6 +110,25 @@ pub fn matmul_f32_serial(
     );
 }
 
+/// `y[n, rows] = x[n, cols] · wᵀ` for borrowed rows `w: [rows, cols]` in their storage
+/// precision, on the calling thread: the bits of [`matmul_f32_serial`] over the f32 copy of `w`.
+pub fn matmul_rows_serial(
+    w: super::Rows<'_>,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(w.len(), rows * cols, "matmul_rows: w is not [rows, cols]");
+    let wr = match w {
+        super::Rows::F32(v) => WRef::F32(v),
+        super::Rows::Bf16(v) => WRef::Bf16(v),
+        super::Rows::F16(v) => WRef::F16(v),
+    };
+    matmul_in(Isa::current(), wr, rows, cols, x, n_tokens, y, false);
+}
+
 /// Several independent one-token products `ys[i][..w_i.rows] = w_i · xs[i]` in ONE parallel
 /// pass over all their row blocks (decode: an MoE layer's experts, q and kv_a projections):
 /// one fork-join instead of one per matrix, and the memory streams of the next matrix start
