@@ -567,3 +567,59 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
         }
     }
 }
+
+#[test]
+fn matmul_many_n_is_matmul_per_item_on_every_isa() {
+    let mut rng = Rng(31);
+    // (kind, rows, cols, tokens): several dtypes and token counts in one pass, as an MoE layer's
+    // experts (1..64 tokens each, one with none) plus a shared expert.
+    let shapes = [
+        (Kind::Bf16, 70, 48, 1),
+        (Kind::Bf16, 70, 48, 3),
+        (Kind::F32, 33, 40, 2),
+        (Kind::F16, 64, 24, 7),
+        (Kind::Fp8(128, 128), 130, 136, 5),
+        (Kind::Fp8(3, 16), 37, 32, 1),
+        (Kind::Bf16, 16, 64, 0),
+        (Kind::Bf16, 200, 96, 64),
+    ];
+    let ws: Vec<Matrix> = shapes
+        .iter()
+        .map(|&(k, r, c, _)| random_matrix(&mut rng, k, r, c))
+        .collect();
+    let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, _, c, n)| rng.vec(n * c)).collect(); // [n, cols]
+    for isa in Isa::available() {
+        for threads in [1, 2, 3] {
+            let p = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .start_handler(move |_| pin_thread(Some(isa)))
+                .build()
+                .expect("pool");
+            p.install(|| {
+                let mut got: Vec<Vec<f32>> = shapes
+                    .iter()
+                    .map(|&(_, r, _, n)| vec![f32::NAN; n * r])
+                    .collect(); // [n, rows] each
+                matmul_many_n(
+                    ws.iter()
+                        .zip(&xs)
+                        .zip(&shapes)
+                        .zip(got.iter_mut())
+                        .map(|(((w, x), s), y)| (w, &x[..], s.3, &mut y[..]))
+                        .collect(),
+                );
+                for (i, ((w, x), s)) in ws.iter().zip(&xs).zip(&shapes).enumerate() {
+                    let mut want = vec![0f32; s.3 * w.rows]; // [n, rows]
+                    matmul(w, x, s.3, &mut want);
+                    assert_eq!(
+                        got[i].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{isa} item {i} {:?} n={} threads {threads}",
+                        s.0,
+                        s.3
+                    );
+                }
+            });
+        }
+    }
+}
