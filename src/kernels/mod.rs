@@ -35,10 +35,7 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
-pub use gemm::{
-    matmul, matmul_f32, matmul_f32_serial, matmul_many, matmul_many_n, matmul_rows_serial,
-    DIRECT_MAX_TOKENS,
-};
+pub use gemm::{matmul, matmul_f32, matmul_f32_serial, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};

@@ -21,10 +21,8 @@
 //! Keys are visited in position order 0..=pos for every query, with fixed-order kernels, so a
 //! query's output depends only on its own sequence's cache — never on the batch or the chunking.
 //! Blocking (not changing any element's order): MHA scores come from one matmul per head and
-//! block of 32 queries; the absorbed path streams the paged latent cache in spans of 256 keys
-//! (scores of all heads of all queries from one matmul per span, each latent row read once per
-//! pass; spans in consecutive pool blocks read in place, others through a span-sized f32 copy;
-//! never a whole-cache copy); the value sums of many rows at once from
+//! block of 32 queries; absorbed scores of all heads of all queries from one matmul over the
+//! latent rows (each row read once per step); the value sums of many rows at once from
 //! `kernels::weighted_sum_rows` (each value row read once per block of rows).
 
 use crate::config::ModelConfig;

@@ -10,9 +10,7 @@
 //! were routed to the same experts.
 
 use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
-use crate::kernels::{
-    map_indices, matmul, matmul_f32, matmul_many, matmul_many_n, silu_mul, DIRECT_MAX_TOKENS,
-};
+use crate::kernels::{map_indices, matmul, matmul_f32, matmul_many, silu_mul};
 
 use super::weights::{Expert, Moe};
 
@@ -168,110 +166,15 @@ pub(super) fn moe(
     if n == 1 {
         return (moe_one_token(m, &routes[0], x), bytes);
     }
-    // xs[ai]: [n_e, hidden], the tokens routed to active expert ai
-    let gather = |ai: usize| {
+    let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
+    let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
         let toks = &per_expert[active[ai]];
         let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
         for (i, &(t, _)) in toks.iter().enumerate() {
             xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
         }
-        xe
-    };
-    if n <= DIRECT_MAX_TOKENS {
-        // Few tokens (batched decode, verification): every expert in two passes.
-        let xs: Vec<Vec<f32>> = (0..active.len()).map(gather).collect();
-        let mut experts: Vec<(&Expert, &[f32], usize)> = active
-            .iter()
-            .zip(&xs)
-            .map(|(&e, xe)| (&m.experts[e], &xe[..], per_expert[e].len()))
-            .collect();
-        if let Some(sh) = &m.shared {
-            experts.push((sh, x, n));
-        }
-        let mut outs = mlp_many(&experts);
-        let y = if m.shared.is_some() {
-            outs.pop().expect("shared output")
-        } else {
-            vec![0f32; n * h]
-        };
-        return (
-            combine(&routes, &active, &per_expert, &outs, y, k, h),
-            bytes,
-        );
-    }
-    let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
-    let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
-        mlp(
-            &m.experts[active[ai]],
-            &gather(ai),
-            per_expert[active[ai]].len(),
-        )
+        mlp(&m.experts[active[ai]], &xe, toks.len())
     });
-    let y = match &m.shared {
-        Some(sh) => mlp(sh, x, n),
-        None => vec![0f32; n * h],
-    };
-    (
-        combine(&routes, &active, &per_expert, &outs, y, k, h),
-        bytes,
-    )
-}
-
-/// `mlp` of several (expert, x: [n_e, hidden], n_e) at once, n_e <= `DIRECT_MAX_TOKENS`: every
-/// gate and up projection in one parallel pass, then every down projection in another (same
-/// kernels, same bits as `mlp` per expert). Returns each expert's [n_e, hidden].
-fn mlp_many(experts: &[(&Expert, &[f32], usize)]) -> Vec<Vec<f32>> {
-    let mut gates: Vec<Vec<f32>> = experts
-        .iter()
-        .map(|(e, _, n)| vec![0f32; n * e.gate.rows])
-        .collect(); // [n_e, inter] each
-    let mut ups: Vec<Vec<f32>> = experts
-        .iter()
-        .map(|(e, _, n)| vec![0f32; n * e.up.rows])
-        .collect(); // [n_e, inter] each
-    let mut items = Vec::with_capacity(2 * experts.len());
-    for ((&(e, x, n), g), u) in experts.iter().zip(gates.iter_mut()).zip(ups.iter_mut()) {
-        items.push((&e.gate, x, n, &mut g[..]));
-        items.push((&e.up, x, n, &mut u[..]));
-    }
-    matmul_many_n(items);
-    let acts: Vec<Vec<f32>> = gates
-        .iter()
-        .zip(&ups)
-        .map(|(g, u)| {
-            let mut a = vec![0f32; g.len()]; // [n_e, inter]
-            silu_mul(g, u, &mut a);
-            a
-        })
-        .collect();
-    let mut outs: Vec<Vec<f32>> = experts
-        .iter()
-        .map(|(e, _, n)| vec![0f32; n * e.down.rows])
-        .collect(); // [n_e, hidden] each
-    matmul_many_n(
-        experts
-            .iter()
-            .zip(&acts)
-            .zip(outs.iter_mut())
-            .map(|((&(e, _, n), a), o)| (&e.down, &a[..], n, &mut o[..]))
-            .collect(),
-    );
-    outs
-}
-
-/// y[t] = (sum over token t's routes, in route order, of w * its expert's output) + y[t] (the
-/// shared experts' output, or zeros). outs[ai]: [n_e, hidden] of active expert ai, rows in
-/// `per_expert` order.
-fn combine(
-    routes: &[Vec<(usize, f32)>],
-    active: &[usize],
-    per_expert: &[Vec<(usize, usize)>],
-    outs: &[Vec<f32>],
-    mut y: Vec<f32>,
-    k: usize,
-    h: usize,
-) -> Vec<f32> {
-    let n = routes.len();
     let mut slots = vec![0f32; n * k * h]; // [n, k, hidden]
     for (ai, &e) in active.iter().enumerate() {
         for (i, &(t, s)) in per_expert[e].iter().enumerate() {
@@ -279,6 +182,10 @@ fn combine(
                 .copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
         }
     }
+    let mut y = match &m.shared {
+        Some(sh) => mlp(sh, x, n),
+        None => vec![0f32; n * h],
+    };
     // Reference order: routed sum first, then + shared.
     let mut routed = vec![0f32; h]; // [hidden]
     for t in 0..n {
@@ -293,7 +200,7 @@ fn combine(
             *yv = r + *yv;
         }
     }
-    y
+    (y, bytes)
 }
 
 /// `moe` for one token (decode): the routed and shared experts' gate and up projections run as

@@ -30,7 +30,7 @@ const ROW_BLOCK_GEMM: usize = 64;
 const KC_CHUNKS: usize = 16;
 /// Up to this many tokens the weights are decoded on the fly (memory-bound regime); above it
 /// they are decoded once per column block into an f32 panel.
-pub const DIRECT_MAX_TOKENS: usize = 64;
+const DIRECT_MAX_TOKENS: usize = 64;
 /// Tokens per direct-path token block (its x rows stay in L2 while row tiles sweep them).
 const DIRECT_TOKEN_BLOCK: usize = 24;
 /// Tokens per GEMM token block (bounds the accumulator scratch; x slices stay in L2).
@@ -169,96 +169,6 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
         for (i, r0, o) in tasks {
             jobs[i].row_block(r0, o, &mut s);
         }
-    }
-}
-
-/// Several independent few-token products `y_i[n_i, w_i.rows] = x_i[n_i, w_i.cols] · w_iᵀ` in
-/// ONE parallel pass over all their row blocks (an MoE layer's experts for a decode batch or a
-/// verification: a few tokens each): one fork-join for all of them, the blocks of small and
-/// large items balanced across the pool. Each element is computed exactly as by [`matmul`] with
-/// the same n_i. Items with more than `DIRECT_MAX_TOKENS` tokens are for [`matmul`].
-pub fn matmul_many_n(items: Vec<(&Matrix, &[f32], usize, &mut [f32])>) {
-    let isa = Isa::current();
-    // Per item: AVX-512 packed activations (n > 1), the transposed output [rows, n] (n > 1).
-    let mut xbufs: Vec<AlignedBuf> = Vec::with_capacity(items.len());
-    let mut yts: Vec<Vec<f32>> = Vec::with_capacity(items.len());
-    let mut work = 0;
-    for (w, x, n, y) in &items {
-        let n = *n;
-        assert!(
-            n <= DIRECT_MAX_TOKENS,
-            "matmul_many_n: {n} tokens (at most {DIRECT_MAX_TOKENS})"
-        );
-        assert_eq!(x.len(), n * w.cols, "matmul_many_n: x is not [n, cols]");
-        assert_eq!(y.len(), n * w.rows, "matmul_many_n: y is not [n, rows]");
-        check_fp8_shape(WRef::of(w), w.rows, w.cols);
-        work += n * w.rows * w.cols;
-        let mut xb = AlignedBuf::default();
-        #[cfg(target_arch = "x86_64")]
-        if isa.avx512() && n > 1 {
-            super::simd512::pack_pairs(x, w.cols, n, w.cols / LANES, &mut xb); // [pairs, pair_stride]
-        }
-        xbufs.push(xb);
-        yts.push(if n > 1 {
-            vec![0f32; w.rows * n]
-        } else {
-            Vec::new()
-        }); // [rows, n]
-    }
-    let mut jobs = Vec::with_capacity(items.len());
-    let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new(); // (item, first row, out rows)
-    let mut direct: Vec<(usize, usize, &mut [f32])> = Vec::new(); // (rows, n, y) of n > 1 items
-    for (i, ((w, x, n, y), yt)) in items.into_iter().zip(yts.iter_mut()).enumerate() {
-        if n == 0 || w.rows == 0 {
-            jobs.push(None);
-            continue;
-        }
-        let rb = if n == 1 {
-            ROW_BLOCK_GEMV
-        } else {
-            ROW_BLOCK_GEMM
-        };
-        jobs.push(Some(Job {
-            isa,
-            w: WRef::of(w),
-            cols: w.cols,
-            x,
-            n,
-            rb,
-            xpack: xbufs[i].as_slice(),
-        }));
-        let out: &mut [f32] = if n == 1 {
-            y
-        } else {
-            direct.push((w.rows, n, y));
-            yt
-        };
-        for (bi, o) in out.chunks_mut(rb * n).enumerate() {
-            tasks.push((i, bi * rb, o));
-        }
-    }
-    let job = |i: usize| jobs[i].as_ref().expect("a task's item has a job");
-    if tasks.len() > 1 && super::worth_parallel(work) {
-        tasks
-            .into_par_iter()
-            .for_each_init(Scratch::default, |s, (i, r0, o)| job(i).row_block(r0, o, s));
-    } else {
-        let mut s = Scratch::default();
-        for (i, r0, o) in tasks {
-            job(i).row_block(r0, o, &mut s);
-        }
-    }
-    let mut yts = yts.iter().filter(|v| !v.is_empty());
-    for (rows, n, y) in direct {
-        let yt = yts
-            .next()
-            .expect("one transposed output per multi-token item");
-        for (t, yrow) in y.chunks_exact_mut(rows).enumerate() {
-            for (r, o) in yrow.iter_mut().enumerate() {
-                *o = yt[r * n + t];
-            }
-        }
-        debug_assert_eq!(yt.len(), rows * n);
     }
 }
 
