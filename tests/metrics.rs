@@ -170,6 +170,41 @@ fn label_and_generation_counters_add_up_and_the_text_parses() {
 }
 
 #[test]
+fn refused_blocking_swaps_count_as_failed() {
+    let e = Engine::new(
+        &golden("v4_mixed"),
+        DraftSource::Dir(golden("v4_sliding")),
+        spec_test_cfg(SpecMode::Fixed(2)),
+    )
+    .unwrap();
+    let failed = |e: &Engine| {
+        let text = e.metrics_text();
+        let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("parses");
+        let s: Vec<&prometheus_parse::Sample> = scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == "specmla_draft_swaps_total" && s.labels.get("outcome") == Some("failed")
+            })
+            .collect();
+        sum(&s)
+    };
+    assert_eq!(failed(&e), 0.0);
+    let missing = repo().join("models/golden/no-such-draft");
+    assert!(e
+        .set_draft_weights_blocking(DraftSource::Dir(missing.clone()))
+        .is_err());
+    assert_eq!(failed(&e), 1.0);
+    assert!(e
+        .set_draft_weights_blocking(DraftSource::Bytes(b"not safetensors".to_vec()))
+        .is_err());
+    assert_eq!(failed(&e), 2.0);
+    // the engine still serves with its drafter
+    let outs = common::run_checked(&e, budget_requests(2, 7, 12, 6, &[11, 12]), &[]);
+    assert!(outs.iter().all(|o| !o.token_ids.is_empty()));
+}
+
+#[test]
 fn bad_labels_are_refused() {
     let e = Engine::new(
         &golden("v4_sliding"),

@@ -704,7 +704,7 @@ impl Engine {
     /// Same, but load and validate on the calling thread; the swap still lands between steps.
     /// Returns the error of bad weights directly (the old drafter keeps serving).
     pub fn set_draft_weights_blocking(&self, src: DraftSource) -> Result<u64> {
-        let (p, config) = swap::build_contained(src, &self.swap_ctx())?;
+        let (p, config) = self.swaps.build_blocking(src, &self.swap_ctx())?;
         Ok(self.swaps.enqueue_ready(p, config, None))
     }
 
@@ -724,7 +724,7 @@ impl Engine {
         guard: SwapGuard,
     ) -> Result<u64> {
         check_guard(&guard)?;
-        let (p, config) = swap::build_contained(src, &self.swap_ctx())?;
+        let (p, config) = self.swaps.build_blocking(src, &self.swap_ctx())?;
         Ok(self.swaps.enqueue_ready(p, config, Some(guard)))
     }
 

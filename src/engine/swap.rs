@@ -107,7 +107,7 @@ pub(crate) struct Guarded {
 #[derive(Default)]
 pub(crate) struct Swaps {
     next: AtomicU64,
-    /// Background loads that failed validation.
+    /// Loads that failed validation (background and blocking).
     failed: Arc<AtomicU64>,
     status: Arc<Mutex<HashMap<u64, SwapStatus>>>,
     ready: Arc<Mutex<Vec<Ready>>>,
@@ -248,9 +248,21 @@ impl Swaps {
         ticket
     }
 
-    /// Background loads that failed so far.
+    /// Loads that failed so far (background and blocking).
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
+    }
+
+    /// A load on the caller's thread (`set_draft_weights_blocking*`): counted as failed when it
+    /// is refused, like a background one; the error goes back to the caller.
+    pub fn build_blocking(
+        &self,
+        src: DraftSource,
+        ctx: &SwapCtx,
+    ) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+        build_contained(src, ctx).inspect_err(|_| {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        })
     }
 
     /// Start a background load; returns the ticket.
