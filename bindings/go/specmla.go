@@ -71,6 +71,7 @@ type EngineOptions struct {
 	Threads          uint32 // 0 = all cores
 	MTP              bool   // with no draft directory: draft with the target's MTP layer
 	ISA              uint32 // kernel instruction set: 0 auto, 1 portable, 2 avx2, 3 avx512
+	KVWindowBlocks   uint32 // DeepSeek-V4 sliding-window pool blocks (0 = default; ignored otherwise)
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -80,6 +81,7 @@ func DefaultEngineOptions() EngineOptions {
 		NumDraftTokens: uint32(p.num_draft_tokens), Adaptive: bool(p.adaptive),
 		KVNumBlocks: uint32(p.kv_num_blocks), DraftKVNumBlocks: uint32(p.draft_kv_num_blocks),
 		BlockSize: uint32(p.block_size), Threads: uint32(p.threads), MTP: bool(p.mtp),
+		ISA: uint32(p.isa), KVWindowBlocks: uint32(p.kv_window_blocks),
 	}
 }
 
@@ -100,6 +102,7 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.threads = C.uint32_t(o.Threads)
 	p.mtp = C.bool(o.MTP)
 	p.isa = C.uint32_t(o.ISA)
+	p.kv_window_blocks = C.uint32_t(o.KVWindowBlocks)
 	ct := C.CString(target)
 	defer C.free(unsafe.Pointer(ct))
 	var cd *C.char

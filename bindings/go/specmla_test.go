@@ -239,6 +239,32 @@ func TestErrorsAndClose(t *testing.T) {
 	}
 }
 
+func TestV4WindowPoolOption(t *testing.T) {
+	target := env("SPECMLA_V4_TARGET", "../../models/golden/v4_mixed")
+	o := DefaultEngineOptions()
+	o.Threads = 2
+	o.KVWindowBlocks = 1 // cannot hold one step's sliding window
+	if _, err := NewEngine(target, "", o); err == nil || !strings.Contains(err.Error(), "kv_window_blocks") {
+		t.Fatalf("a 1-block window pool: want an error naming kv_window_blocks, got %v", err)
+	}
+	o.KVWindowBlocks = 64
+	e, err := NewEngine(target, "", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ro := DefaultRequestOptions()
+	ro.MaxTokens = 8
+	ro.IgnoreEOS = true
+	out, err := e.Generate([]uint32{1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41}, "", ro)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Tokens) != 8 {
+		t.Fatalf("want 8 tokens, got %d", len(out.Tokens))
+	}
+}
+
 func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
 	s := load(t)
 	target := env("SPECMLA_MTP_TARGET", "../../models/golden/v3_yarn") // a target with an MTP layer

@@ -13,6 +13,8 @@ export interface EngineOptions {
   mtp?: boolean;
   /** Kernel instruction set: 0 auto (default), 1 portable, 2 avx2, 3 avx512. */
   isa?: number;
+  /** DeepSeek-V4 sliding-window pool blocks (0 = default; ignored for other models). */
+  kvWindowBlocks?: number;
 }
 
 export interface RequestOptions {

@@ -477,6 +477,7 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.threads = (uint32_t)num_prop(env, argv[2], "threads", p.threads);
     p.mtp = bool_prop(env, argv[2], "mtp", p.mtp);
     p.isa = (uint32_t)num_prop(env, argv[2], "isa", p.isa);
+    p.kv_window_blocks = (uint32_t)num_prop(env, argv[2], "kvWindowBlocks", p.kv_window_blocks);
   }
   specmla_engine *eng = NULL;
   specmla_status st = target ? specmla_engine_create(target, draft, &p, &eng) : SPECMLA_ERR_NULL_POINTER;

@@ -154,3 +154,13 @@ test('the MTP drafter (the target\'s own MTP layer) gives plain greedy output', 
   e.close();
   plain.close();
 });
+
+test('the V4 sliding-window pool option reaches the engine', async () => {
+  const target = env('SPECMLA_V4_TARGET', path.join(root, 'models/golden/v4_mixed'));
+  // one block cannot hold a step's sliding window: refused naming the field
+  assert.throws(() => new Engine(target, null, { threads: 2, kvWindowBlocks: 1 }), (err) => /kv_window_blocks/.test(err.message));
+  const e = new Engine(target, null, { threads: 2, kvWindowBlocks: 64 });
+  const out = await e.generate([1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41], { maxTokens: 8, ignoreEos: true });
+  assert.equal(out.tokens.length, 8);
+  e.close();
+});
