@@ -6,7 +6,8 @@
 //! sum, t increasing) — the per-query `axpy` loop — on every ISA, so results are bitwise
 //! independent of how rows and columns are blocked and of the ISA. The SIMD paths keep a block
 //! of 4 rows x 4 vectors of columns in registers over the key loop, so each value row is read
-//! once per row block instead of once per row.
+//! once per row block instead of once per row, and visit the keys in tiles of 64 with every row
+//! block inside a tile, so a tile's value rows are read from memory once and then from L1.
 
 use super::{Isa, Rows};
 
@@ -176,21 +177,36 @@ pub(crate) fn weighted_sum_rows_with<V: Val>(
     if width == 0 {
         return;
     }
-    let mut r0 = 0;
-    while r0 < rows {
-        let nr = RB.min(rows - r0);
-        let common = lens[r0..r0 + nr].iter().copied().min().unwrap_or(0);
-        let ob = &mut out[r0 * width..(r0 + nr) * width];
-        let pb = &p[r0 * ps..];
-        // Keys every row of the block has: blocked; then each row's own remaining keys.
-        let mut done = false;
-        #[cfg(target_arch = "x86_64")]
-        if isa.simd() && nr == RB && common > 0 {
-            // SAFETY: the ISA's features were detected (Isa invariant); bounds checked above.
-            // Key tiles: the tile's value rows stay in L2 while every column block of the row
-            // block sweeps them (accumulators round-trip through `ob` exactly between tiles).
-            for t0 in (0..common).step_by(KEY_TILE) {
+    // Row blocks of RB rows: (first row, rows, keys every row of the block has).
+    let blocks: Vec<(usize, usize, usize)> = (0..rows)
+        .step_by(RB)
+        .map(|r0| {
+            let nr = RB.min(rows - r0);
+            (r0, nr, lens[r0..r0 + nr].iter().copied().min().unwrap_or(0))
+        })
+        .collect();
+    // A full block's common keys are summed by the register kernels, key tile by key tile with
+    // every row block inside a tile (the tile's value rows stay in L1 while all row blocks sweep
+    // them; accumulators round-trip through `out` exactly between tiles); then each row's own
+    // remaining keys. Per element the keys are still visited in increasing order.
+    let simd_block = |nr: usize, common: usize| isa.simd() && nr == RB && common > 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let reach = blocks
+            .iter()
+            .filter(|&&(_, nr, c)| simd_block(nr, c))
+            .map(|b| b.2)
+            .max()
+            .unwrap_or(0);
+        for t0 in (0..reach).step_by(KEY_TILE) {
+            for &(r0, nr, common) in &blocks {
+                if !simd_block(nr, common) || common <= t0 {
+                    continue;
+                }
                 let t1 = (t0 + KEY_TILE).min(common);
+                let ob = &mut out[r0 * width..(r0 + nr) * width];
+                let pb = &p[r0 * ps..];
+                // SAFETY: the ISA's features were detected (Isa invariant); bounds checked above.
                 unsafe {
                     if isa.avx512() {
                         block_avx512(pb, ps, t0, t1, vals, vs, width, ob);
@@ -199,9 +215,16 @@ pub(crate) fn weighted_sum_rows_with<V: Val>(
                     }
                 }
             }
-            done = true;
         }
-        let from = if done { common } else { 0 };
+    }
+    for &(r0, nr, common) in &blocks {
+        let from = if cfg!(target_arch = "x86_64") && simd_block(nr, common) {
+            common
+        } else {
+            0
+        };
+        let ob = &mut out[r0 * width..(r0 + nr) * width];
+        let pb = &p[r0 * ps..];
         for (i, o) in ob.chunks_exact_mut(width).enumerate() {
             for t in from..lens[r0 + i] {
                 let a = pb[i * ps + t];
@@ -210,7 +233,6 @@ pub(crate) fn weighted_sum_rows_with<V: Val>(
                 }
             }
         }
-        r0 += nr;
     }
 }
 
