@@ -62,7 +62,7 @@ pub fn run(
         if a.quick { &[] } else { &[2048, 8192] },
         "long-contexts",
     )?;
-    let long_steps = if a.quick { 4 } else { 8 };
+    let long_steps = a.long_steps.unwrap_or(if a.quick { 4 } else { 8 }).max(1);
     let isa_level = crate::generate::parse_isa(&a.isa)?;
     let isa = specmla::engine::resolve_isa(isa_level)?;
 

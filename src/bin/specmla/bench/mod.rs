@@ -95,6 +95,10 @@ pub struct BenchArgs {
     /// Measured decode steps per batch size (default 24; 6 with --quick).
     #[arg(long)]
     pub decode_steps: Option<usize>,
+    /// Measured decode steps per --long-contexts length (default 8; 4 with --quick): more steps
+    /// average out a noisy machine (each costs one step at that context).
+    #[arg(long)]
+    pub long_steps: Option<usize>,
     /// Workload prompts per speculation run (default 32; 8 with --quick).
     #[arg(long)]
     pub prompts: Option<usize>,
