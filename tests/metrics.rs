@@ -199,6 +199,7 @@ fn refused_blocking_swaps_count_as_failed() {
         .set_draft_weights_blocking(DraftSource::Bytes(b"not safetensors".to_vec()))
         .is_err());
     assert_eq!(failed(&e), 2.0);
+    assert_eq!(e.stats().swaps_failed, 2);
     // the engine still serves with its drafter
     let outs = common::run_checked(&e, budget_requests(2, 7, 12, 6, &[11, 12]), &[]);
     assert!(outs.iter().all(|o| !o.token_ids.is_empty()));

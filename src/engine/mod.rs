@@ -155,6 +155,8 @@ pub struct EngineStats {
     pub drafter_panics: u64,
     /// Why drafting is off, until `set_draft_weights` installs a new drafter.
     pub drafter_disabled: Option<String>,
+    /// Draft swaps refused so far (bad weights or directory, background or blocking load).
+    pub swaps_failed: u64,
 }
 
 /// Counters readable without the step lock: live requests, and the most recent finished ones.
@@ -597,6 +599,7 @@ impl Engine {
             kv_blocks_reclaimed: core.kv_blocks_reclaimed,
             drafter_panics: core.drafter_panics,
             drafter_disabled: core.drafter_disabled.clone(),
+            swaps_failed: self.swaps.failed(),
         }
     }
 
