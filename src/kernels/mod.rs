@@ -35,7 +35,7 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
-pub use gemm::{matmul, matmul_f32, matmul_f32_serial, matmul_many, matmul_rows_serial};
+pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
@@ -43,4 +43,4 @@ pub use rows::Rows;
 pub use vec_ops::{
     axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,
 };
-pub use weighted_sum::{weighted_sum_rows, weighted_sum_rows_acc, weighted_sum_rows_acc_in};
+pub use weighted_sum::{weighted_sum_rows, weighted_sum_rows_acc};

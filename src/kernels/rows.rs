@@ -1,5 +1,5 @@
 //! Borrowed dense rows in their storage precision: a span of the KV cache read in place by
-//! attention (`matmul_rows_serial` scores it, `weighted_sum_rows_acc_in` sums it) instead of
+//! attention (`matmul_rows_serial` scores it, `weighted_sum_rows_acc` sums it) instead of
 //! being widened into an f32 copy first.
 //!
 //! Guarantee: every kernel widens each stored value exactly (bf16 and f16 are subsets of f32),

@@ -105,26 +105,13 @@ pub fn weighted_sum_rows(
     weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out, false)
 }
 
-/// As [`weighted_sum_rows`], but adding onto `out` instead of overwriting it: a sum over keys
-/// split into consecutive ranges (attention streaming the cache span by span) gets exactly the
-/// operations of one call over all the keys, when the ranges are visited in increasing order
-/// (row r of the range starting at key k0 passes `p` from column k0 and `lens[r] - k0` keys,
-/// clamped to the range).
+/// As [`weighted_sum_rows`], but adding onto `out` instead of overwriting it, over values in
+/// their storage precision (a KV cache span read in place gives the bits of the same call over
+/// its f32 copy). A sum over keys split into consecutive ranges (attention streaming the cache
+/// span by span) gets exactly the operations of one call over all the keys, when the ranges are
+/// visited in increasing order (row r of the range starting at key k0 passes `p` from column k0
+/// and `lens[r] - k0` keys, clamped to the range).
 pub fn weighted_sum_rows_acc(
-    p: &[f32],
-    ps: usize,
-    lens: &[usize],
-    vals: &[f32],
-    vs: usize,
-    width: usize,
-    out: &mut [f32],
-) {
-    weighted_sum_rows_with(Isa::current(), p, ps, lens, vals, vs, width, out, true)
-}
-
-/// [`weighted_sum_rows_acc`] over values in their storage precision (a KV cache span read in
-/// place): the bits of the same call over their f32 copy.
-pub fn weighted_sum_rows_acc_in(
     p: &[f32],
     ps: usize,
     lens: &[usize],

@@ -608,7 +608,6 @@ impl KvCache {
         end: usize,
         out: &mut [f32],
     ) {
-        let bs = self.cfg.block_size;
         let g = &self.cfg.groups[group];
         let w = g.kind.width();
         assert!(layer < g.num_layers, "kv: layer {layer} out of range");
@@ -618,13 +617,31 @@ impl KvCache {
         );
         assert_eq!(out.len(), (end - start) * w, "kv: read_range out length");
         let pool = &self.pools[group];
+        self.for_each_run(group, seq, (start, end), |i, slot, n| {
+            pool.read_slots(layer, slot, n, &mut out[i * w..(i + n) * w]); // [n, width]
+        });
+    }
+
+    /// `f(i, slot, n)` for each run of the entries `[start, end)` of `seq` in `group` that lie
+    /// in one block: `i` the run's offset from `start`, `slot` its first slot, `n` its length;
+    /// in position order.
+    fn for_each_run(
+        &self,
+        group: usize,
+        seq: &SeqKv,
+        (start, end): (usize, usize),
+        mut f: impl FnMut(usize, usize, usize),
+    ) {
+        let bs = self.cfg.block_size;
         let mut pos = start;
         while pos < end {
             let off = pos % bs;
             let n = (bs - off).min(end - pos);
-            let slot = self.block_at(group, seq, pos).0 as usize * bs + off;
-            let o = (pos - start) * w;
-            pool.read_slots(layer, slot, n, &mut out[o..o + n * w]); // [n, width]
+            f(
+                pos - start,
+                self.block_at(group, seq, pos).0 as usize * bs + off,
+                n,
+            );
             pos += n;
         }
     }
@@ -669,7 +686,6 @@ impl KvCache {
         (c0, c1): (usize, usize),
         out: &mut [f32],
     ) {
-        let bs = self.cfg.block_size;
         let g = &self.cfg.groups[Self::LATENT];
         assert!(layer < g.num_layers, "kv: layer {layer} out of range");
         assert!(
@@ -687,15 +703,10 @@ impl KvCache {
             "kv: read_range_cols out length"
         );
         let pool = &self.pools[Self::LATENT];
-        let mut pos = start;
-        while pos < end {
-            let off = pos % bs;
-            let n = (bs - off).min(end - pos);
-            let slot = self.block_at(Self::LATENT, seq, pos).0 as usize * bs + off;
-            let o = (pos - start) * cw;
-            pool.read_slots_cols(layer, slot, n, (c0, c1), &mut out[o..o + n * cw]); // [n, cw]
-            pos += n;
-        }
+        self.for_each_run(Self::LATENT, seq, (start, end), |i, slot, n| {
+            pool.read_slots_cols(layer, slot, n, (c0, c1), &mut out[i * cw..(i + n) * cw]);
+            // [n, cw]
+        });
     }
 
     /// Gather the entries of `group` at `positions` (each < reserved capacity) of `seq`,

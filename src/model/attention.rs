@@ -27,9 +27,8 @@
 
 use crate::config::ModelConfig;
 use crate::kernels::{
-    for_each_row, map_indices, matmul, matmul_f32, matmul_f32_serial, matmul_many,
-    matmul_rows_serial, rms_norm, softmax_inplace, weighted_sum_rows, weighted_sum_rows_acc,
-    weighted_sum_rows_acc_in, worth_parallel,
+    for_each_row, map_indices, matmul, matmul_f32, matmul_many, matmul_rows_serial, rms_norm,
+    softmax_inplace, weighted_sum_rows, weighted_sum_rows_acc, worth_parallel, Rows,
 };
 use crate::kv::{KvCache, SeqKv};
 
@@ -456,25 +455,30 @@ fn latent_attention(
     start: usize,
     q_abs: &[f32],
 ) -> Vec<f32> {
-    let rows = q_abs.len() / kv_width(kv);
     let kvd = kv_width(kv);
+    let rows = q_abs.len() / kvd;
     let m = rows / nh;
     let keys = start + m;
     let spans = keys.div_ceil(SPAN);
     let span = |b: usize| (b * SPAN, ((b + 1) * SPAN).min(keys));
+    // views[b]: span b's stored rows [k1 - k0, kv_lora + rope] when it can be read in place
+    let views: Vec<Option<Rows<'_>>> = (0..spans)
+        .map(|b| kv.latent_span(layer, seq, span(b)))
+        .collect();
     // Pass 1. blocks[b]: [rows, span b's keys]
     let blocks: Vec<Vec<f32>> = map_indices(spans, rows * keys * kvd, |b| {
         let (k0, k1) = span(b);
+        let mut scratch = None;
+        let lat = match views[b] {
+            Some(lat) => lat,
+            None => {
+                let buf = scratch.insert(LatentScratch::take((k1 - k0) * kvd)).buf(); // [k1 - k0, kv_lora + rope]
+                kv.read_range(layer, seq, k0, k1, buf);
+                Rows::F32(buf)
+            }
+        };
         let mut sb = vec![0f32; rows * (k1 - k0)]; // [rows, k1 - k0]
-        if let Some(lat) = kv.latent_span(layer, seq, (k0, k1)) {
-            // in place: [k1 - k0, kv_lora + rope] as stored
-            matmul_rows_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
-        } else {
-            let mut scratch = LatentScratch::take((k1 - k0) * kvd);
-            let lat = scratch.buf(); // [k1 - k0, kv_lora + rope]
-            kv.read_range(layer, seq, k0, k1, lat);
-            matmul_f32_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
-        }
+        matmul_rows_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
         sb
     });
     // scores: [m * H, keys], row (i, h) valid for keys 0..=start + i
@@ -513,18 +517,22 @@ fn latent_attention(
         let cw = c1 - c0;
         let mut part = vec![0f32; rows * cw]; // [rows, c1 - c0]
         let mut scratch = LatentScratch::take(SPAN.min(keys) * cw);
-        for b in 0..spans {
+        let mut local = vec![0usize; rows]; // [rows] each row's keys inside the span
+        for (b, view) in views.iter().enumerate() {
             let (k0, k1) = span(b);
-            let local: Vec<usize> = lens.iter().map(|&l| l.clamp(k0, k1) - k0).collect();
-            if let Some(lat) = kv.latent_span(layer, seq, (k0, k1)) {
-                // in place: rows of kv_lora + rope values, columns c0.. of each
-                let vals = lat.skip(c0);
-                weighted_sum_rows_acc_in(&s[k0..], keys, &local, vals, kvd, cw, &mut part);
-            } else {
-                let vals = &mut scratch.buf()[..(k1 - k0) * cw]; // [k1 - k0, c1 - c0]
-                kv.read_range_cols(layer, seq, (k0, k1), (c0, c1), vals);
-                weighted_sum_rows_acc(&s[k0..], keys, &local, vals, cw, cw, &mut part);
+            for (l, &len) in local.iter_mut().zip(&lens) {
+                *l = len.clamp(k0, k1) - k0;
             }
+            // the span's columns c0..c1: in place (rows of kv_lora + rope values), else copied
+            let (vals, vs) = match view {
+                Some(lat) => (lat.skip(c0), kvd),
+                None => {
+                    let buf = &mut scratch.buf()[..(k1 - k0) * cw]; // [k1 - k0, c1 - c0]
+                    kv.read_range_cols(layer, seq, (k0, k1), (c0, c1), buf);
+                    (Rows::F32(buf), cw)
+                }
+            };
+            weighted_sum_rows_acc(&s[k0..], keys, &local, vals, vs, cw, &mut part);
         }
         part
     });

@@ -87,31 +87,9 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usiz
     matmul_with(Isa::current(), WRef::F32(w), rows, cols, x, n_tokens, y);
 }
 
-/// [`matmul_f32`] on the calling thread only: for callers that already split their work across
-/// the pool (attention's key spans). Same bits as [`matmul_f32`].
-pub fn matmul_f32_serial(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n_tokens: usize,
-    y: &mut [f32],
-) {
-    assert_eq!(w.len(), rows * cols, "matmul_f32: w is not [rows, cols]");
-    matmul_in(
-        Isa::current(),
-        WRef::F32(w),
-        rows,
-        cols,
-        x,
-        n_tokens,
-        y,
-        false,
-    );
-}
-
 /// `y[n, rows] = x[n, cols] · wᵀ` for borrowed rows `w: [rows, cols]` in their storage
-/// precision, on the calling thread: the bits of [`matmul_f32_serial`] over the f32 copy of `w`.
+/// precision, on the calling thread only (for callers that already split their work across the
+/// pool: attention's key spans): the bits of [`matmul_f32`] over the f32 copy of `w`.
 pub fn matmul_rows_serial(
     w: super::Rows<'_>,
     rows: usize,
