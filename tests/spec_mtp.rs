@@ -12,7 +12,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{assert_same_outputs, reference_cases, repo, run_checked, spec_test_cfg};
+use common::{
+    assert_same_outputs, reference_cases, repo, run_checked, spec_test_cfg, target_hidden,
+};
 use serde_json::Value;
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kv::{KvCache, KvConfig, KvDtype, SeqKv};
@@ -80,20 +82,8 @@ fn mtp_log_probs_match_the_torch_reference() {
     for (i, (ids, want)) in refs.into_iter().enumerate() {
         let n = ids.len();
         // Target forward: final-norm hidden states of every position.
-        let mut kv = KvCache::new(KvConfig::for_model(c, 16, 64, KvDtype::F32)).unwrap();
-        let mut seq = SeqKv::new();
-        let plan = kv.plan_grow(&seq, n).unwrap();
-        kv.commit_grow(&mut seq, plan);
-        let chunk = SeqChunk {
-            kv: &seq,
-            start: 0,
-            tokens: &ids,
-            mha_until: n,
-            logits: LogitsMode::None,
-        };
-        let out = model.forward_out(&mut kv, &[chunk], true).unwrap();
-        assert_eq!(out.hidden.len(), n * c.hidden_size);
-        // MTP over positions 0..n-2: token j+1 with hidden j.
+        let hidden = target_hidden(&model, &ids, 16); // [n, hidden]
+                                                      // MTP over positions 0..n-2: token j+1 with hidden j.
         let mut mkv =
             { KvCache::new(KvConfig::for_model(c, 16, 64, KvDtype::F32).with_layers(1)).unwrap() };
         let mut mseq = SeqKv::new();
@@ -107,12 +97,7 @@ fn mtp_log_probs_match_the_torch_reference() {
             logits: LogitsMode::All,
         };
         let (logits, _) = model
-            .mtp_forward(
-                0,
-                &mut mkv,
-                &[chunk],
-                &out.hidden[..(n - 1) * c.hidden_size],
-            )
+            .mtp_forward(0, &mut mkv, &[chunk], &hidden[..(n - 1) * c.hidden_size])
             .unwrap();
         let v = c.vocab_size;
         let mut worst = 0f32;

@@ -156,10 +156,7 @@ fn v4_chunking_preemption_prefix_cache_and_exhaustion() {
 }
 
 fn v4_config_with(edit: impl Fn(&mut serde_json::Value)) -> specmla::Result<ModelConfig> {
-    let text = std::fs::read_to_string(target().join("config.json")).unwrap();
-    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    edit(&mut v);
-    ModelConfig::from_json_str(&v.to_string())
+    common::config_with(&target(), edit)
 }
 
 #[test]

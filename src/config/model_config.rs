@@ -238,7 +238,17 @@ impl ModelConfig {
         }
         let heads = o.req_dim("num_attention_heads")?;
         let max_position_embeddings = o.usize_or("max_position_embeddings", 1 << 20)?;
-        let v = super::v4::parse_v4(o, num_hidden_layers, heads, max_position_embeddings)?;
+        let num_nextn_predict_layers = o.usize_or("num_nextn_predict_layers", 1)?;
+        if num_nextn_predict_layers > 64 {
+            return Err(o.err("num_nextn_predict_layers", "exceeds 64"));
+        }
+        let v = super::v4::parse_v4(
+            o,
+            num_hidden_layers,
+            num_nextn_predict_layers,
+            heads,
+            max_position_embeddings,
+        )?;
         let cfg = ModelConfig {
             model_type: ModelType::DeepseekV4,
             vocab_size: o.req_dim("vocab_size")?,
@@ -259,13 +269,26 @@ impl ModelConfig {
             tie_word_embeddings: o.bool_or("tie_word_embeddings", false)?,
             bos_token_id: token_id(o, "bos_token_id")?,
             eos_token_ids: eos_ids(o)?,
-            num_nextn_predict_layers: o.usize_or("num_nextn_predict_layers", 1)?,
+            num_nextn_predict_layers,
             quantization: parse_quant(o)?,
             indexer: None,
             v4: Some(v),
         };
         check_bounds(o, &cfg)?;
         Ok(cfg)
+    }
+
+    /// A V4 model's configuration as its MTP layer `m` runs it: one decoder layer
+    /// ([`V4Config::mtp_view`](super::V4Config::mtp_view)), no MTP layers of its own. Other
+    /// models: unchanged.
+    pub fn mtp_view(&self, m: usize) -> ModelConfig {
+        let mut c = self.clone();
+        if let Some(v) = &self.v4 {
+            c.v4 = Some(v.mtp_view(m));
+            c.num_hidden_layers = 1;
+            c.num_nextn_predict_layers = 0;
+        }
+        c
     }
 
     /// Whether decoder layer `layer` uses the MoE block (else the dense MLP).

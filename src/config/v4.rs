@@ -64,6 +64,8 @@ pub struct V4Config {
     pub o_lora_rank: usize,
     pub sliding_window: usize,
     pub layer_types: Vec<V4Attn>,
+    /// Attention of each MTP layer (`num_nextn_predict_layers` entries).
+    pub mtp_layer_types: Vec<V4Attn>,
     /// Per layer: `hash_moe` (true) or `moe`.
     pub hash_layers: Vec<bool>,
     pub csa_rate: usize,
@@ -103,6 +105,22 @@ impl V4Config {
         self.layer_types.iter().filter(|&&k| k == kind).count()
     }
 
+    /// The configuration MTP layer `m` runs under: one decoder layer of its attention kind with
+    /// top-k routing (its own one-layer KV cache is laid out for this view).
+    pub fn mtp_view(&self, m: usize) -> V4Config {
+        let kind = self
+            .mtp_layer_types
+            .get(m)
+            .copied()
+            .unwrap_or(V4Attn::Sliding);
+        V4Config {
+            layer_types: vec![kind],
+            mtp_layer_types: Vec::new(),
+            hash_layers: vec![false],
+            ..self.clone()
+        }
+    }
+
     /// Index of `layer` among the layers of its own kind.
     pub fn index_in_kind(&self, layer: usize) -> usize {
         let k = self.layer_types[layer];
@@ -130,20 +148,29 @@ fn str_list<'a>(o: &Obj<'a>, key: &str) -> Result<Option<Vec<&'a str>>> {
     }
 }
 
-fn check_len(o: &Obj<'_>, key: &str, got: usize, layers: usize) -> Result<()> {
-    if got != layers {
+/// A per-layer list has one entry per decoder layer, optionally followed by one per MTP layer
+/// (the official config's `compress_ratios` lists 43 + 1 entries; transformers keeps the first
+/// `num_hidden_layers`). Returns how many MTP entries it carries.
+fn check_len(o: &Obj<'_>, key: &str, got: usize, layers: usize, nextn: usize) -> Result<usize> {
+    if got != layers && got != layers + nextn {
+        let with = if nextn > 0 {
+            format!(" (or {} with the MTP layers)", layers + nextn)
+        } else {
+            String::new()
+        };
         return Err(o.err(
             key,
-            format!("has {got} entries but num_hidden_layers is {layers}"),
+            format!("has {got} entries but num_hidden_layers is {layers}{with}"),
         ));
     }
-    Ok(())
+    Ok(got - layers)
 }
 
 /// Parse the V4 fields of `o`. `hidden` and `heads` are the common fields already read.
 pub(crate) fn parse_v4(
     o: &Obj<'_>,
     layers: usize,
+    nextn: usize,
     heads: usize,
     max_position_embeddings: usize,
 ) -> Result<V4Config> {
@@ -212,8 +239,8 @@ pub(crate) fn parse_v4(
     }
 
     // layer_types > legacy compress_ratios > the V4-Pro default (2 HCA, then CSA/HCA alternating).
-    let layer_types: Vec<V4Attn> = if let Some(list) = str_list(o, "layer_types")? {
-        check_len(o, "layer_types", list.len(), layers)?;
+    let mut layer_types: Vec<V4Attn> = if let Some(list) = str_list(o, "layer_types")? {
+        check_len(o, "layer_types", list.len(), layers, nextn)?;
         list.iter()
             .map(|s| {
                 LAYER_TYPES
@@ -235,7 +262,7 @@ pub(crate) fn parse_v4(
         let a = v
             .as_array()
             .ok_or_else(|| o.err("compress_ratios", "expected a list of 0 / 4 / 128"))?;
-        check_len(o, "compress_ratios", a.len(), layers)?;
+        check_len(o, "compress_ratios", a.len(), layers, nextn)?;
         a.iter()
             .map(|r| match r.as_u64() {
                 Some(0) => Ok(V4Attn::Sliding),
@@ -256,8 +283,15 @@ pub(crate) fn parse_v4(
             })
             .collect()
     };
-    let hash_layers: Vec<bool> = if let Some(list) = str_list(o, "mlp_layer_types")? {
-        check_len(o, "mlp_layer_types", list.len(), layers)?;
+    // The MTP layers' attention: the list's tail when it has one, else sliding (as the official
+    // checkpoint's compress_ratios ends: layer 43, the MTP block, is 0).
+    let mtp_layer_types: Vec<V4Attn> = if layer_types.len() > layers {
+        layer_types.split_off(layers)
+    } else {
+        vec![V4Attn::Sliding; nextn]
+    };
+    let mut hash_layers: Vec<bool> = if let Some(list) = str_list(o, "mlp_layer_types")? {
+        check_len(o, "mlp_layer_types", list.len(), layers, nextn)?;
         list.iter()
             .map(|s| match *s {
                 "hash_moe" => Ok(true),
@@ -272,6 +306,17 @@ pub(crate) fn parse_v4(
         let n = o.usize_or("num_hash_layers", 3)?;
         (0..layers).map(|i| i < n).collect()
     };
+    // MTP blocks route by top-k: their input has no token ids to hash (vLLM runs them with
+    // input_ids = None).
+    if hash_layers
+        .split_off(layers.min(hash_layers.len()))
+        .contains(&true)
+    {
+        return Err(o.err(
+            "mlp_layer_types",
+            "an MTP layer's entry is hash_moe; MTP layers route by top-k (moe)",
+        ));
+    }
 
     // compress_rates (dict) with the legacy scalar overrides folded in, as __post_init__ does.
     let (mut csa_rate, mut hca_rate) = (4usize, 128usize);
@@ -298,7 +343,7 @@ pub(crate) fn parse_v4(
             V4Attn::Hca,
         ),
     ] {
-        let used = layer_types.contains(&kind);
+        let used = layer_types.contains(&kind) || mtp_layer_types.contains(&kind);
         if used && (v == 0 || v > 1 << 16) {
             return Err(o.err(k, format!("must be in 1..=65536, found {v}")));
         }
@@ -307,7 +352,7 @@ pub(crate) fn parse_v4(
     let index_n_heads = o.usize_or("index_n_heads", 64)?;
     let index_head_dim = o.usize_or("index_head_dim", 128)?;
     let index_topk = o.usize_or("index_topk", 512)?;
-    if layer_types.contains(&V4Attn::Csa) {
+    if layer_types.contains(&V4Attn::Csa) || mtp_layer_types.contains(&V4Attn::Csa) {
         for (k, v) in [
             ("index_n_heads", index_n_heads),
             ("index_head_dim", index_head_dim),
@@ -437,6 +482,7 @@ pub(crate) fn parse_v4(
         o_lora_rank,
         sliding_window,
         layer_types,
+        mtp_layer_types,
         hash_layers,
         csa_rate,
         hca_rate,

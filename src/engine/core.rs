@@ -457,7 +457,7 @@ impl Core {
         if hidden.is_empty() {
             return;
         }
-        let h = self.model.config.hidden_size;
+        let h = self.model.hidden_state_width();
         let running = &self.running;
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut row0 = 0;

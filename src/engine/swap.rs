@@ -33,8 +33,8 @@ pub enum DraftSource {
     File(PathBuf),
     /// Safetensors bytes in memory with new weights for the CURRENT draft architecture.
     Bytes(Vec<u8>),
-    /// The target's own multi-token-prediction layer (DeepSeek-V3 MTP; the target checkpoint
-    /// must hold `model.layers.{num_hidden_layers}.*`).
+    /// The target's own multi-token-prediction layer (DeepSeek-V3 or V4 MTP; the target checkpoint
+    /// must hold `model.layers.{num_hidden_layers}.*` (V3) or `mtp.0.*` (V4)).
     Mtp,
 }
 

@@ -213,6 +213,21 @@ impl KvConfig {
         }
     }
 
+    /// The one-layer cache of the MTP drafter: V2 / V3 (/ V3.2) the target's groups with one
+    /// layer; V4 the groups of MTP layer 0's own attention kind
+    /// ([`ModelConfig::mtp_view`]).
+    pub fn for_mtp(
+        model: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        if model.v4.is_some() {
+            return Self::for_model(&model.mtp_view(0), block_size, num_blocks, dtype);
+        }
+        Self::for_model(model, block_size, num_blocks, dtype).with_layers(1)
+    }
+
     /// V4's groups: the K=V row of every layer; per CSA layer the compressor inputs and the
     /// compressed entries (+ index keys); per HCA layer the same without the indexer. Kinds with
     /// no layer are left out.

@@ -16,8 +16,9 @@ use super::weights::{DecoderLayer, Ffn, Model};
 pub struct ForwardOut {
     /// Logits of the rows the chunks ask for, in chunk order. // [n_rows, vocab]
     pub logits: Vec<f32>,
-    /// With `want_hidden`: every token's hidden state after the final norm (what the lm_head
-    /// reads; the MTP drafter's input), in token order. Else empty. // [n_tokens, hidden]
+    /// With `want_hidden`: every token's hidden state as the MTP drafter reads it, in token
+    /// order — V2 / V3 after the final norm (what the lm_head reads), V4 the residual streams
+    /// before the hyper head. Else empty. // [n_tokens, Model::hidden_state_width()]
     pub hidden: Vec<f32>,
     /// Weight bytes this forward needed: every dense matrix once, the union of the experts its
     /// tokens selected, the lm_head when any row wants logits, one embedding row per token.

@@ -17,7 +17,21 @@ use super::forward::{decoder_layer, flatten, logit_rows};
 use super::weights::Model;
 
 impl Model {
-    /// MTP layer `m` over a ragged batch: `chunks[i].tokens` are the tokens t_{j+1} at positions
+    /// MTP layers the checkpoint holds (V2 / V3 and V4 alike).
+    pub fn num_mtp_layers(&self) -> usize {
+        self.v4.as_ref().map_or(self.mtp.len(), |v| v.mtp.len())
+    }
+
+    /// Width of one token's hidden state as `forward_out` hands it to the MTP drafter: V2 / V3
+    /// the final-norm hidden state (`hidden_size`), V4 the residual streams before the hyper
+    /// head (`hc_mult * hidden_size`).
+    pub fn hidden_state_width(&self) -> usize {
+        let h = self.config.hidden_size;
+        self.config.v4.as_ref().map_or(h, |v| v.hc_mult * h)
+    }
+
+    /// MTP layer `m` over a ragged batch (V4 models: `model::v4`'s MTP forward, same contract
+    /// with hidden rows of `hidden_state_width`): `chunks[i].tokens` are the tokens t_{j+1} at positions
     /// j = start.., `prev` the matching hidden states h_j. Writes the MTP layer's KV (a one-layer
     /// cache the caller reserved) and returns (logits of the rows the chunks ask for
     /// [n_rows, vocab], every row's output x' [n, hidden] for chaining).
@@ -28,6 +42,9 @@ impl Model {
         chunks: &[SeqChunk],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        if let Some(v4) = &self.v4 {
+            return super::v4::v4_mtp_forward(self, v4, m, kv, chunks, prev);
+        }
         let cfg = &self.config;
         let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
         let mtp = self

@@ -1,6 +1,9 @@
-//! MTP proposer: DeepSeek-V3's multi-token-prediction layer as a drafter. It shares the target's
-//! embedding and weights (the layer lives in the target checkpoint), keeps its own one-layer
-//! latent KV cache (its own dtype) and is fed the target's final-norm hidden states.
+//! MTP proposer: DeepSeek's multi-token-prediction layer as a drafter (V3's `eh_proj` layer, or
+//! V4's `mtp.*` block: `model::v4::V4Mtp`). It shares the target's embedding and weights (the
+//! layer lives in the target checkpoint), keeps its own one-layer KV cache (its own dtype; for V4
+//! laid out for the MTP block's attention kind, `KvConfig::for_mtp`) and is fed the target's
+//! hidden states (V3: after the final norm; V4: the residual streams before the hyper head, rows
+//! of `Model::hidden_state_width`).
 //!
 //! Per request it holds the MTP KV of positions [0, m) and the target hidden states of the
 //! positions it has not consumed yet. Position j of the MTP layer needs (t_{j+1}, h_j), so with
@@ -57,14 +60,21 @@ impl MtpProposer {
         num_blocks: usize,
         block_size: usize,
     ) -> Result<Self> {
-        if model.mtp.is_empty() {
+        if model.num_mtp_layers() == 0 {
+            let tensor = if model.v4.is_some() {
+                "mtp.0.e_proj.weight".to_string()
+            } else {
+                format!(
+                    "model.layers.{}.eh_proj.weight",
+                    model.config.num_hidden_layers
+                )
+            };
             return Err(Error::Draft(format!(
-                "the target has no MTP layer (num_nextn_predict_layers = {}, no model.layers.{}.eh_proj.weight)",
-                model.config.num_nextn_predict_layers, model.config.num_hidden_layers
+                "the target has no MTP layer (num_nextn_predict_layers = {}, no {tensor})",
+                model.config.num_nextn_predict_layers
             )));
         }
-        let kc =
-            KvConfig::for_model(&model.config, block_size, num_blocks, kv_dtype).with_layers(1);
+        let kc = KvConfig::for_mtp(&model.config, block_size, num_blocks, kv_dtype);
         let kv = KvCache::new(kc)?;
         Ok(MtpProposer {
             model,
@@ -87,7 +97,7 @@ fn new_seq(seed: u64) -> MtpSeq {
 
 impl Proposer for MtpProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
-        let h = self.model.config.hidden_size;
+        let h = self.model.hidden_state_width();
         let vocab = self.model.config.vocab_size;
         let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal::with_q()).collect();
         // Plan: positions [m, L - 1) to catch up on, from the stored hidden rows.
@@ -202,7 +212,7 @@ impl Proposer for MtpProposer {
     }
 
     fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {
-        let h = self.model.config.hidden_size;
+        let h = self.model.hidden_state_width();
         if hidden.len() != fed.len() * h || fed.is_empty() {
             return;
         }

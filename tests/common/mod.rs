@@ -52,6 +52,43 @@ pub fn reference_cases(path: &Path, values: &str) -> Vec<(Vec<u32>, Vec<f32>)> {
     out
 }
 
+/// The config.json of `dir` edited by `edit`, parsed.
+pub fn config_with(
+    dir: &Path,
+    edit: impl Fn(&mut serde_json::Value),
+) -> specmla::Result<specmla::config::ModelConfig> {
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    specmla::config::ModelConfig::from_json_str(&v.to_string())
+}
+
+/// One full forward of `ids` (f32 KV): the hidden states it hands the MTP drafter.
+/// -> [len, Model::hidden_state_width()]
+pub fn target_hidden(model: &Model, ids: &[u32], block_size: usize) -> Vec<f32> {
+    let n = ids.len();
+    let mut kv = KvCache::new(KvConfig::for_model(
+        &model.config,
+        block_size,
+        n.div_ceil(block_size) + 1,
+        KvDtype::F32,
+    ))
+    .unwrap();
+    let mut seq = SeqKv::new();
+    let plan = kv.plan_grow(&seq, n).unwrap();
+    kv.commit_grow(&mut seq, plan);
+    let chunk = SeqChunk {
+        kv: &seq,
+        start: 0,
+        tokens: ids,
+        mha_until: n,
+        logits: LogitsMode::None,
+    };
+    let out = model.forward_out(&mut kv, &[chunk], true).unwrap();
+    assert_eq!(out.hidden.len(), n * model.hidden_state_width());
+    out.hidden
+}
+
 pub fn kv_for(model: &Model, dtype: KvDtype, num_blocks: usize) -> KvCache {
     let c = &model.config;
     KvCache::new(KvConfig::for_model(c, 16, num_blocks, dtype)).unwrap()

@@ -11,6 +11,16 @@ under the official DeepSeek naming (`embed`, `layers.N.attn.kv_norm`, `hc_head_f
 `tid2eid`, no `model.` prefix); transformers loads it through its conversion mapping and must
 give the same logits, which this script checks.
 
+`v4_mixed_official` also carries a random MTP layer (`mtp.0.*`, the official naming, in a second
+shard `mtp.safetensors` + `model.safetensors.index.json`; transformers ignores `mtp.*` and still
+loads the directory with unchanged logits, checked here) and `mtp_reference.safetensors`: the
+MTP layer's logits per prompt position j (input token t_{j+1}, the target's residual streams at j
+before its hyper head, embedding zeroed at position 0) computed as DeepSeek's `MTPBlock` (V4
+inference/model.py) and vLLM's `deepseek_v4_mtp.py` run it, with transformers' own V4 decoder
+block (built as layer `num_hidden_layers` of an extended config whose extra layer is sliding
+attention with top-k MoE: the official config's last `compress_ratios` entry is 0). transformers
+has no V4 MTP, so this hand-written wrapper is the reference.
+
 Run by hand (not in CI), from the repository root:
 
     python tools/golden/make_golden_v4.py            # all V4 fixtures
@@ -413,6 +423,128 @@ def make_quant(name, src):
     print(f"{name}: {n8} fp8 + {n4} fp4 tensors, {size} bytes, logits moved {worst:.3f} by quantisation")
 
 
+MTP_SHARD = {"v4_mixed_official": dict(seed=4111)}
+MTP_TYPE = "sliding_attention"
+
+
+def rms(x, w, eps):
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def mtp_logits(target, ext, p, prm):
+    """The MTP layer's (logits, output streams) at positions 0..T-2 of prompt p (see the module
+    doc); the output streams are what a chained draft feeds back as its hidden state."""
+    cfg = target.config
+    n, eps = cfg.num_hidden_layers, cfg.rms_norm_eps
+    seen = {}
+    hook = target.model.hc_head.register_forward_pre_hook(lambda mod, args: seen.update(x=args[0]))
+    try:
+        target(p[None])
+    finally:
+        hook.remove()
+    streams = seen["x"]  # [1, T, N, D], before the hyper head
+    t1 = len(p) - 1
+    tok = p[1:][None]
+    pos = torch.arange(t1)[None]
+    e = target.model.embed_tokens(tok).clone()
+    e[:, 0] = 0.0  # position 0
+    x = (torch.nn.functional.linear(rms(e, prm["enorm.weight"], eps), prm["e_proj.weight"])[:, :, None, :]
+         + torch.nn.functional.linear(rms(streams[:, :t1], prm["hnorm.weight"], eps), prm["h_proj.weight"]))
+    m = ext.model
+    cache = DynamicCache(config=ext.config)
+    mask = mv4.create_sliding_window_causal_mask(config=ext.config, inputs_embeds=e, attention_mask=None,
+                                                 cache=cache, position_ids=pos)
+    pe = {k: m.rotary_emb(e, position_ids=pos, layer_type=k) for k in ("main", "compress")}
+    out = m.layers[n](x, position_embeddings=pe, position_ids=pos, attention_mask=mask, input_ids=None,
+                      cache=cache)
+    flat = out.flatten(2).float()
+    flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + eps)
+    mixes = torch.nn.functional.linear(flat, prm["hc_head_fn"])
+    pre = torch.sigmoid(mixes * prm["hc_head_scale"] + prm["hc_head_base"]) + cfg.hc_eps
+    col = (pre.unsqueeze(-1) * out).sum(dim=2)
+    logits = torch.nn.functional.linear(rms(col, prm["norm.weight"], eps), target.lm_head.weight)[0]
+    return logits, out[0].flatten(1)
+
+
+def official_layer_names(tensors, layer, prefix):
+    out = {}
+    for k, v in tensors.items():
+        if k.startswith(f"model.layers.{layer}."):
+            out[prefix + k[len(f"model.layers.{layer}."):].replace("attn.norm.", "attn.kv_norm.")] = v
+    return out
+
+
+def add_mtp(name, spec):
+    out = os.path.join(OUT_DIR, name)
+    for f in ("mtp.safetensors", "model.safetensors.index.json", "mtp_reference.safetensors"):
+        if os.path.exists(os.path.join(out, f)):
+            os.remove(os.path.join(out, f))
+    target = DeepseekV4ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    cfg = target.config
+    n, h, nh = cfg.num_hidden_layers, cfg.hidden_size, cfg.hc_mult
+    ref = load_file(os.path.join(out, "reference.safetensors"))
+    prompts = [ref[f"prompt_{i}"] for i in range(len(PROMPT_LENS))]
+    for attempt in range(MAX_ATTEMPTS):
+        seed = spec["seed"] + 1000 * attempt
+        ecfg = DeepseekV4Config(**{**cfg.to_dict(), "num_hidden_layers": n + 1,
+                                   "layer_types": list(cfg.layer_types) + [MTP_TYPE],
+                                   "mlp_layer_types": list(cfg.mlp_layer_types) + ["moe"]})
+        ecfg._attn_implementation = "eager"
+        ext = DeepseekV4ForCausalLM(ecfg).eval()
+        init_random(ext, seed)
+        with tempfile.TemporaryDirectory() as tmp:
+            ext.save_pretrained(tmp, safe_serialization=True)
+            block = official_layer_names(load_file(os.path.join(tmp, "model.safetensors")), n, "mtp.0.")
+        gen = torch.Generator().manual_seed(seed + 1)
+        r = lambda shape: torch.randn(shape, generator=gen)  # noqa: E731
+        prm = {"enorm.weight": 1.0 + 0.2 * r(h), "hnorm.weight": 1.0 + 0.2 * r(h), "norm.weight": 1.0 + 0.2 * r(h),
+               "e_proj.weight": r((h, h)) / math.sqrt(h), "h_proj.weight": r((h, h)) / math.sqrt(h),
+               "hc_head_fn": r((nh, nh * h)) * (2.0 / math.sqrt(nh * h)), "hc_head_base": r(nh) * 0.7,
+               "hc_head_scale": 1.0 + 0.3 * r(1)}
+        rec = Recorder()
+        try:
+            with torch.no_grad():
+                logits, streams = zip(*[mtp_logits(target, ext, p, prm) for p in prompts])
+        finally:
+            rec.close()
+        route = math.inf
+        for sc, k in rec.route:  # the target's routers and the MTP block's
+            top = sc.sort(-1, descending=True).values
+            route = min(route, float((top[:, k - 1] - top[:, k]).min()))
+        if route >= MIN_MARGIN:
+            break
+    else:
+        raise SystemExit(f"{name}: no MTP draw with routing margin >= {MIN_MARGIN}")
+    mtp = {**block, **{"mtp.0." + k: v.contiguous() for k, v in prm.items()}}
+    save_file({k: v.contiguous() for k, v in mtp.items()}, os.path.join(out, "mtp.safetensors"),
+              metadata={"format": "pt"})
+    main_names = list(load_file(os.path.join(out, "model.safetensors")))
+    total = sum(os.path.getsize(os.path.join(out, f)) for f in ("model.safetensors", "mtp.safetensors"))
+    index = {"metadata": {"total_size": total},
+             "weight_map": {**{k: "model.safetensors" for k in sorted(main_names)},
+                            **{k: "mtp.safetensors" for k in sorted(mtp)}}}
+    json.dump(index, open(os.path.join(out, "model.safetensors.index.json"), "w"), indent=1)
+    save_file({**{f"prompt_{i}": p for i, p in enumerate(prompts)},
+               **{f"mtp_logits_{i}": lg.float().contiguous() for i, lg in enumerate(logits)},
+               **{f"mtp_streams_{i}": x.float().contiguous() for i, x in enumerate(streams)}},
+              os.path.join(out, "mtp_reference.safetensors"))
+    # transformers still loads the directory (index + two shards) and ignores mtp.*
+    again = DeepseekV4ForCausalLM.from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        worst = max(float((again(p[None]).logits[0] - ref[f"logits_full_{i}"]).abs().max())
+                    for i, p in enumerate(prompts))
+    assert worst == 0.0, worst
+    meta = json.load(open(os.path.join(out, "reference.json")))
+    meta["mtp"] = dict(seed=seed, attempt=attempt, layer_type=MTP_TYPE, mlp_type="moe", min_route_margin=route,
+                       tensors=len(mtp), max_abs_logit=max(float(lg.abs().max()) for lg in logits),
+                       reference="mtp_reference.safetensors: mtp_logits_i [len(prompt_i) - 1, vocab], "
+                       "mtp_streams_i [len(prompt_i) - 1, hc_mult * hidden] (the block's output streams)")
+    json.dump(meta, open(os.path.join(out, "reference.json"), "w"), indent=2)
+    print(f"{name}: MTP layer ({len(mtp)} tensors, attempt {attempt}, route margin {route:.2e}); "
+          f"transformers still loads it with identical logits")
+
+
 def main(argv):
     names = argv or list(SPECS) + list(OFFICIAL_TWIN) + list(QUANT_TWIN)
     for n in names:
@@ -420,6 +552,8 @@ def main(argv):
             make(n, SPECS[n])
         elif n in OFFICIAL_TWIN:
             make_official(n, OFFICIAL_TWIN[n])
+            if n in MTP_SHARD:
+                add_mtp(n, MTP_SHARD[n])
         else:
             make_quant(n, QUANT_TWIN[n])
 

@@ -23,7 +23,7 @@ pub struct GenerateArgs {
     /// Use the n-gram (prompt lookup) proposer instead of a draft model.
     #[arg(long, conflicts_with = "mtp")]
     pub ngram: bool,
-    /// Draft with the target's own multi-token-prediction layer (DeepSeek-V3 MTP).
+    /// Draft with the target's own multi-token-prediction layer (DeepSeek-V3 or V4 MTP).
     #[arg(long, conflicts_with = "draft")]
     pub mtp: bool,
     /// Draft tokens per step (the maximum with --adaptive).

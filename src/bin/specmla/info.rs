@@ -108,7 +108,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "weight_bytes_by_dtype": dtypes,
         "decode_weight_bytes_per_token": model.decode_bytes_per_token(),
         "mtp_tensors": model.mtp_tensors.len(),
-        "mtp_layers": model.mtp.len(),
+        "mtp_layers": model.num_mtp_layers(),
         "kv_cache": kv,
         "mla_latent_values_per_token_per_layer": c.kv_lora_rank + c.qk_rope_head_dim,
         "mha_equivalent_values_per_token_per_layer": c.num_attention_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim),

@@ -4,15 +4,15 @@
 //! expand + mix] -> hyper head (collapse) -> norm -> lm_head.
 
 use crate::config::{ModelConfig, V4Scoring};
-use crate::error::Result;
-use crate::kernels::{for_each_row, matmul, matmul_f32, matrix_row_f32, rms_norm};
+use crate::error::{Error, Result};
+use crate::kernels::{for_each_row, matmul, matmul_f32, matrix_row_f32, rms_norm, Matrix};
 use crate::kv::KvCache;
 use crate::model::batch::SeqChunk;
 use crate::model::forward::{flatten, logit_rows, norm_rows, ForwardOut};
 use crate::model::weights::{Expert, Model};
 
 use super::attention::v4_attention;
-use super::{HyperConn, V4Ffn, V4Model};
+use super::{HcHead, HyperConn, V4Ffn, V4Layer, V4Model};
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
@@ -244,44 +244,73 @@ pub(crate) fn v4_forward(
     });
     let mut xn = vec![0f32; n * h]; // [n, hidden]
     for (li, layer) in v4.layers.iter().enumerate() {
-        let (post, comb, col) = hyper(
-            &layer.attn_hc,
-            &x,
-            n,
-            nh,
-            h,
-            v.hc_sinkhorn_iters,
-            v.hc_eps,
-            eps,
-        );
-        norm_rows(&col, &layer.attn_norm, eps, &mut xn);
-        let a = v4_attention(cfg, v4, layer, li, &xn, &pos, chunks, kv);
-        mix(&mut x, &a, &post, &comb, n, nh, h);
-        let (post, comb, col) = hyper(
-            &layer.ffn_hc,
-            &x,
-            n,
-            nh,
-            h,
-            v.hc_sinkhorn_iters,
-            v.hc_eps,
-            eps,
-        );
-        norm_rows(&col, &layer.ffn_norm, eps, &mut xn);
-        let (y, b) = v4_moe(cfg, &layer.ffn, &xn, &tokens);
-        bytes += b as u64;
-        mix(&mut x, &y, &post, &comb, n, nh, h);
+        bytes += block(
+            cfg, v4, layer, li, &mut x, &mut xn, &tokens, &pos, chunks, kv,
+        ) as u64;
     }
     bytes += v4.decode_bytes_per_token(0) as u64;
     // Hyper head: collapse the streams, then the model norm.
-    let hh = &v4.hc_head;
-    let flat = unweighted_norm(&x, nh * h, eps); // [n, N * hidden]
+    let col = collapse(&v4.hc_head, &x, n, nh, h, v.hc_eps, eps); // [n, hidden]
+    let logits = head_logits(model.lm_head(), &model.norm, &col, chunks, h, vocab, eps);
+    if !logits.is_empty() {
+        bytes += model.lm_head().nbytes() as u64;
+    }
+    Ok(ForwardOut {
+        logits,
+        // The MTP layer's input: the residual streams before the hyper head.
+        hidden: if want_hidden { x } else { Vec::new() },
+        weight_bytes: bytes,
+    })
+}
+
+/// One decoder block over the streams `x` [n, N, hidden] in place (xn: [n, hidden] scratch):
+/// attn hyper-connection -> attn_norm -> attention (layer `li` of `cfg`'s cache layout) ->
+/// expand + mix; ffn hyper-connection -> ffn_norm -> MoE -> expand + mix. Returns the routed
+/// expert bytes read.
+#[allow(clippy::too_many_arguments)]
+fn block(
+    cfg: &ModelConfig,
+    v4: &V4Model,
+    layer: &V4Layer,
+    li: usize,
+    x: &mut [f32],
+    xn: &mut [f32],
+    tokens: &[u32],
+    pos: &[usize],
+    chunks: &[SeqChunk],
+    kv: &mut KvCache,
+) -> usize {
+    let v = cfg.v4.as_ref().expect("V4 config");
+    let (n, h, nh) = (pos.len(), cfg.hidden_size, v.hc_mult);
+    let (iters, hc_eps, eps) = (v.hc_sinkhorn_iters, v.hc_eps, cfg.rms_norm_eps);
+    let (post, comb, col) = hyper(&layer.attn_hc, x, n, nh, h, iters, hc_eps, eps);
+    norm_rows(&col, &layer.attn_norm, eps, xn);
+    let a = v4_attention(cfg, v4, layer, li, xn, pos, chunks, kv);
+    mix(x, &a, &post, &comb, n, nh, h);
+    let (post, comb, col) = hyper(&layer.ffn_hc, x, n, nh, h, iters, hc_eps, eps);
+    norm_rows(&col, &layer.ffn_norm, eps, xn);
+    let (y, b) = v4_moe(cfg, &layer.ffn, xn, tokens);
+    mix(x, &y, &post, &comb, n, nh, h);
+    b
+}
+
+/// A hyper head: the streams x [n, N, hidden] collapsed by sigmoid weights. -> [n, hidden]
+fn collapse(
+    hh: &HcHead,
+    x: &[f32],
+    n: usize,
+    nh: usize,
+    h: usize,
+    hc_eps: f32,
+    eps: f32,
+) -> Vec<f32> {
+    let flat = unweighted_norm(x, nh * h, eps); // [n, N * hidden]
     let mut mixes = vec![0f32; n * nh]; // [n, N]
     matmul_f32(&hh.fn_w, nh, nh * h, &flat, n, &mut mixes);
     let mut col = vec![0f32; n * h]; // [n, hidden]
     for t in 0..n {
         for j in 0..nh {
-            let p = sigmoid(mixes[t * nh + j] * hh.scale + hh.base[j]) + v.hc_eps;
+            let p = sigmoid(mixes[t * nh + j] * hh.scale + hh.base[j]) + hc_eps;
             let xs = &x[(t * nh + j) * h..(t * nh + j + 1) * h];
             col[t * h..(t + 1) * h]
                 .iter_mut()
@@ -289,21 +318,95 @@ pub(crate) fn v4_forward(
                 .for_each(|(o, v)| *o += p * v);
         }
     }
-    let mut hidden = vec![0f32; n * h]; // [n, hidden]
-    norm_rows(&col, &model.norm, eps, &mut hidden);
+    col
+}
+
+/// Logits of the rows the chunks ask for: head(norm(col[row])). col: [n, hidden] ->
+/// [n_rows, vocab]
+fn head_logits(
+    head: &Matrix,
+    norm: &[f32],
+    col: &[f32],
+    chunks: &[SeqChunk],
+    h: usize,
+    vocab: usize,
+    eps: f32,
+) -> Vec<f32> {
     let rows = logit_rows(chunks);
     let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
-    for (i, &r) in rows.iter().enumerate() {
-        hs[i * h..(i + 1) * h].copy_from_slice(&hidden[r * h..(r + 1) * h]);
-    }
+    for_each_row(&mut hs, h, rows.len() * h, |i, o| {
+        rms_norm(&col[rows[i] * h..(rows[i] + 1) * h], norm, eps, o)
+    });
     let mut logits = vec![0f32; rows.len() * vocab]; // [n_rows, vocab]
     if !rows.is_empty() {
-        matmul(model.lm_head(), &hs, rows.len(), &mut logits);
-        bytes += model.lm_head().nbytes() as u64;
+        matmul(head, &hs, rows.len(), &mut logits);
     }
-    Ok(ForwardOut {
-        logits,
-        hidden: if want_hidden { hidden } else { Vec::new() },
-        weight_bytes: bytes,
-    })
+    logits
+}
+
+/// V4 MTP layer `m` over a ragged batch (see `V4Mtp`): `chunks[i].tokens` are t_{j+1} at
+/// positions j = start.., `prev` the matching residual streams h_j [n, N * hidden] (the target's,
+/// or this layer's own output when chaining). Writes the layer's one-layer cache (laid out by
+/// `KvConfig::for_mtp`) and returns (logits of the rows the chunks ask for [n_rows, vocab], every
+/// row's output streams [n, N * hidden]).
+pub(crate) fn v4_mtp_forward(
+    model: &Model,
+    v4: &V4Model,
+    m: usize,
+    kv: &mut KvCache,
+    chunks: &[SeqChunk],
+    prev: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mtp = v4
+        .mtp
+        .get(m)
+        .ok_or_else(|| Error::InvalidArgument(format!("model has no MTP layer {m}")))?;
+    let cfg = model.config.mtp_view(m);
+    let v = cfg.v4.as_ref().expect("V4 config");
+    let (h, vocab, nh, eps) = (cfg.hidden_size, cfg.vocab_size, v.hc_mult, cfg.rms_norm_eps);
+    if !kv.config().matches(&cfg, 1) {
+        return Err(Error::InvalidArgument(
+            "MTP KV cache layout does not match the model's MTP layer".into(),
+        ));
+    }
+    let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
+    let n = tokens.len();
+    if prev.len() != n * nh * h {
+        return Err(Error::InvalidArgument(format!(
+            "MTP forward: {} hidden values for {n} tokens of {nh} streams of width {h}",
+            prev.len()
+        )));
+    }
+    if n == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let mut en = vec![0f32; n * h]; // [n, hidden]: enorm(embed(t)), zero embedding at position 0
+    for_each_row(&mut en, h, n * h, |i, o| {
+        let mut e = vec![0f32; h]; // [hidden]
+        if pos[i] != 0 {
+            matrix_row_f32(&model.embed, tokens[i] as usize, &mut e);
+        }
+        rms_norm(&e, &mtp.enorm, eps, o)
+    });
+    let mut ep = vec![0f32; n * h]; // [n, hidden]
+    matmul(&mtp.e_proj, &en, n, &mut ep);
+    let mut hn = vec![0f32; n * nh * h]; // [n * N, hidden]: hnorm of every stream
+    norm_rows(prev, &mtp.hnorm, eps, &mut hn);
+    let mut x = vec![0f32; n * nh * h]; // [n, N, hidden]
+    matmul(&mtp.h_proj, &hn, n * nh, &mut x);
+    for (t, xt) in x.chunks_exact_mut(nh * h).enumerate() {
+        for s in xt.chunks_exact_mut(h) {
+            s.iter_mut()
+                .zip(&ep[t * h..(t + 1) * h])
+                .for_each(|(a, b)| *a += b);
+        }
+    }
+    let mut xn = vec![0f32; n * h]; // [n, hidden] scratch
+    block(
+        &cfg, v4, &mtp.block, 0, &mut x, &mut xn, &tokens, &pos, chunks, kv,
+    );
+    let col = collapse(&mtp.hc_head, &x, n, nh, h, v.hc_eps, eps); // [n, hidden]
+    let head = mtp.head.as_ref().unwrap_or(model.lm_head());
+    let logits = head_logits(head, &mtp.norm, &col, chunks, h, vocab, eps);
+    Ok((logits, x))
 }

@@ -15,7 +15,9 @@ use crate::model::rope::Rope;
 use crate::model::weights::Expert;
 use crate::weights::{DType, Loader, WeightStore};
 
-use super::{Compressor, HcHead, HyperConn, V4Attention, V4Ffn, V4Indexer, V4Layer, V4Model};
+use super::{
+    Compressor, HcHead, HyperConn, V4Attention, V4Ffn, V4Indexer, V4Layer, V4Model, V4Mtp,
+};
 
 /// Which naming the checkpoint uses.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -30,12 +32,21 @@ struct Names<'a> {
     used: Mutex<HashSet<String>>,
 }
 
+/// Where a decoder block's tensors live: decoder layer `i`, or MTP layer `m` (`mtp.{m}.*`,
+/// the official naming under either checkpoint naming: transformers does not save them).
+#[derive(Clone, Copy)]
+enum Site {
+    Layer(usize),
+    Mtp(usize),
+}
+
 impl<'a> Names<'a> {
-    /// Full name of a layer tensor (`rest` in DeepSeek's naming, e.g. `attn.wq_a.weight`).
-    fn layer(&self, i: usize, rest: &str) -> String {
-        match self.naming {
-            Naming::Transformers => format!("model.layers.{i}.{rest}"),
-            Naming::Official => format!("layers.{i}.{rest}"),
+    /// Full name of a block tensor (`rest` in DeepSeek's naming, e.g. `attn.wq_a.weight`).
+    fn layer(&self, site: Site, rest: &str) -> String {
+        match (site, self.naming) {
+            (Site::Layer(i), Naming::Transformers) => format!("model.layers.{i}.{rest}"),
+            (Site::Layer(i), Naming::Official) => format!("layers.{i}.{rest}"),
+            (Site::Mtp(m), _) => format!("mtp.{m}.{rest}"),
         }
     }
 
@@ -272,12 +283,27 @@ pub(crate) fn load_v4(cfg: &ModelConfig, store: &WeightStore) -> Result<V4Parts>
         scale: nm.vector(&[s("model.hc_head.hc_scale"), s("hc_head_scale")], 1)?[0],
     };
     let layers = (0..cfg.num_hidden_layers)
-        .map(|i| load_layer(&nm, cfg, v, i))
+        .map(|i| {
+            load_layer(
+                &nm,
+                cfg,
+                v,
+                Site::Layer(i),
+                v.layer_types[i],
+                v.hash_layers[i],
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // MTP layers: loaded when the checkpoint holds them (their `e_proj`); then every `mtp.*`
+    // tensor must be one of theirs, else `mtp.*` is left alone as before.
+    let mtp = (0..cfg.num_nextn_predict_layers)
+        .take_while(|m| nm.ld.has(&format!("mtp.{m}.e_proj.weight")))
+        .map(|m| load_mtp(&nm, cfg, v, m))
         .collect::<Result<Vec<_>>>()?;
     let used = nm.used.into_inner().unwrap();
     let mut extra: Vec<&str> = store
         .names()
-        .filter(|n| !used.contains(*n) && !n.starts_with("mtp."))
+        .filter(|n| !used.contains(*n) && (!mtp.is_empty() || !n.starts_with("mtp.")))
         .collect();
     extra.sort_unstable();
     if let Some(first) = extra.first() {
@@ -298,6 +324,7 @@ pub(crate) fn load_v4(cfg: &ModelConfig, store: &WeightStore) -> Result<V4Parts>
         V4Model {
             layers,
             hc_head,
+            mtp,
             rope_main,
             rope_compress,
         },
@@ -313,7 +340,7 @@ fn to_f32(m: &Matrix) -> Matrix {
     Matrix::from_f32(m.rows, m.cols, out)
 }
 
-fn hyper(nm: &Names, i: usize, which: &str, n: usize, h: usize) -> Result<HyperConn> {
+fn hyper(nm: &Names, i: Site, which: &str, n: usize, h: usize) -> Result<HyperConn> {
     let m = (2 + n) * n;
     let sc = nm.vector(&[nm.layer(i, &format!("hc_{which}_scale"))], 3)?;
     Ok(HyperConn {
@@ -325,7 +352,7 @@ fn hyper(nm: &Names, i: usize, which: &str, n: usize, h: usize) -> Result<HyperC
 
 fn compressor(
     nm: &Names,
-    i: usize,
+    i: Site,
     pre: &str,
     h: usize,
     dim: usize,
@@ -344,7 +371,7 @@ fn compressor(
     })
 }
 
-fn expert(nm: &Names, i: usize, pre: &str, h: usize, inter: usize) -> Result<Expert> {
+fn expert(nm: &Names, i: Site, pre: &str, h: usize, inter: usize) -> Result<Expert> {
     let t = |x: &str| nm.layer(i, &format!("{pre}.{x}.weight"));
     Ok(Expert {
         gate: nm.matrix(&[t("w1")], inter, h)?,
@@ -353,11 +380,43 @@ fn expert(nm: &Names, i: usize, pre: &str, h: usize, inter: usize) -> Result<Exp
     })
 }
 
-fn load_layer(nm: &Names, cfg: &ModelConfig, v: &V4Config, i: usize) -> Result<V4Layer> {
+/// MTP layer `m` (`mtp.{m}.*`): its projections, norms, hyper head and decoder block.
+fn load_mtp(nm: &Names, cfg: &ModelConfig, v: &V4Config, m: usize) -> Result<V4Mtp> {
+    let site = Site::Mtp(m);
+    let t = |x: &str| nm.layer(site, x);
+    let (h, n) = (cfg.hidden_size, v.hc_mult);
+    let head = if nm.ld.has(&t("head.weight")) {
+        Some(nm.matrix(&[t("head.weight")], cfg.vocab_size, h)?)
+    } else {
+        None
+    };
+    Ok(V4Mtp {
+        enorm: nm.vector(&[t("enorm.weight")], h)?,
+        hnorm: nm.vector(&[t("hnorm.weight")], h)?,
+        e_proj: nm.matrix(&[t("e_proj.weight")], h, h)?,
+        h_proj: nm.matrix(&[t("h_proj.weight")], h, h)?,
+        block: load_layer(nm, cfg, v, site, v.mtp_layer_types[m], false)?,
+        hc_head: HcHead {
+            fn_w: nm.matrix_f32(&[t("hc_head_fn")], n, n * h)?,
+            base: nm.vector(&[t("hc_head_base")], n)?,
+            scale: nm.vector(&[t("hc_head_scale")], 1)?[0],
+        },
+        norm: nm.vector(&[t("norm.weight")], h)?,
+        head,
+    })
+}
+
+fn load_layer(
+    nm: &Names,
+    cfg: &ModelConfig,
+    v: &V4Config,
+    i: Site,
+    kind: V4Attn,
+    hash: bool,
+) -> Result<V4Layer> {
     let h = cfg.hidden_size;
     let (heads, d) = (cfg.num_attention_heads, v.head_dim);
     let a = |x: &str| nm.layer(i, &format!("attn.{x}"));
-    let kind = v.layer_types[i];
     let (compressor, indexer) = match kind {
         V4Attn::Sliding => (None, None),
         V4Attn::Hca => (
@@ -424,7 +483,6 @@ fn load_layer(nm: &Names, cfg: &ModelConfig, v: &V4Config, i: usize) -> Result<V
     };
     let e = v.n_routed_experts;
     let f = |x: &str| nm.layer(i, &format!("ffn.{x}"));
-    let hash = v.hash_layers[i];
     let ffn = V4Ffn {
         gate: nm.matrix_f32(&[f("gate.weight")], e, h)?,
         bias: if hash {

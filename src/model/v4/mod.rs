@@ -19,7 +19,7 @@ mod compressor;
 mod forward;
 mod load;
 
-pub(crate) use forward::v4_forward;
+pub(crate) use forward::{v4_forward, v4_mtp_forward};
 pub(crate) use load::load_v4;
 pub use load::v4_tensor_shapes;
 
@@ -120,10 +120,36 @@ pub struct V4Layer {
     pub ffn: V4Ffn,
 }
 
+/// One V4 multi-token-prediction layer (`mtp.{m}.*`; the official checkpoint's naming, which
+/// transformers does not load). As DeepSeek's `MTPBlock` and vLLM's `deepseek_v4_mtp.py`:
+/// streams x = e_proj(enorm(embed(t_{j+1}))) (broadcast over the streams) + h_proj(hnorm(h_j))
+/// per stream, where h_j are the target's residual streams at position j before its hyper head;
+/// one V4 decoder block; logits = head(norm(hc_head(x'))).
+pub struct V4Mtp {
+    /// enorm [hidden]
+    pub enorm: Vec<f32>,
+    /// hnorm [hidden] (applied to each stream)
+    pub hnorm: Vec<f32>,
+    /// e_proj [hidden, hidden]
+    pub e_proj: Matrix,
+    /// h_proj [hidden, hidden]
+    pub h_proj: Matrix,
+    /// The decoder block (attention kind: the config's MTP entry; top-k MoE).
+    pub block: V4Layer,
+    /// The MTP layer's own stream collapse before its norm.
+    pub hc_head: HcHead,
+    /// norm [hidden]
+    pub norm: Vec<f32>,
+    /// head [vocab, hidden]; None: the target's lm_head (the official release shares it).
+    pub head: Option<Matrix>,
+}
+
 /// The V4-specific part of a `Model` (embedding, final norm and lm_head live in `Model`).
 pub struct V4Model {
     pub layers: Vec<V4Layer>,
     pub hc_head: HcHead,
+    /// The MTP layers the checkpoint holds (empty when it has none).
+    pub mtp: Vec<V4Mtp>,
     /// RoPE of sliding layers (`main`).
     pub rope_main: Rope,
     /// RoPE of CSA / HCA layers, their compressors and the indexer (`compress`).
@@ -140,7 +166,11 @@ impl V4Model {
     /// Every weight matrix (for stats / `specmla info`).
     pub fn matrices(&self) -> Vec<&Matrix> {
         let mut v = Vec::new();
-        for l in &self.layers {
+        for m in &self.mtp {
+            v.extend([&m.e_proj, &m.h_proj]);
+            v.extend(m.head.as_ref());
+        }
+        for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.block)) {
             let a = &l.attn;
             v.extend([&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a_full, &a.wo_b]);
             if let Some(c) = &a.compressor {
@@ -160,7 +190,11 @@ impl V4Model {
     pub fn num_params(&self) -> usize {
         let mut n: usize = self.matrices().iter().map(|m| m.numel()).sum();
         n += self.hc_head.fn_w.len() + self.hc_head.base.len() + 1;
-        for l in &self.layers {
+        for m in &self.mtp {
+            n += m.enorm.len() + m.hnorm.len() + m.norm.len();
+            n += m.hc_head.fn_w.len() + m.hc_head.base.len() + 1;
+        }
+        for l in self.layers.iter().chain(self.mtp.iter().map(|m| &m.block)) {
             n += l.attn_norm.len() + l.ffn_norm.len();
             for hc in [&l.attn_hc, &l.ffn_hc] {
                 n += hc.fn_w.len() + hc.base.len() + 3;
