@@ -88,6 +88,12 @@
 #define SPECMLA_DRAFT_MTP 4
 
 /**
+ * A live A/B of two drafters: `ab_a` and `ab_b` (each any kind but AB), `ab_ratio_b` of the
+ * requests without a `draft_arm` go to B.
+ */
+#define SPECMLA_DRAFT_AB 5
+
+/**
  * Result of every fallible call.
  */
 typedef enum specmla_status {
@@ -368,6 +374,11 @@ typedef struct specmla_request_params {
    * counters are also aggregated under it in `specmla_engine_metrics`. NULL = none.
    */
   const char *label;
+  /**
+   * Under an A/B drafter (SPECMLA_DRAFT_AB): 0 = arm A, 1 = arm B, -1 = by the ratio
+   * (default). Other values are rejected.
+   */
+  int32_t draft_arm;
 } specmla_request_params;
 
 /**
@@ -401,6 +412,13 @@ typedef struct specmla_draft_source {
   uint64_t guard_min_drafts;
   double guard_threshold;
   bool guard_relative;
+  /**
+   * Kind AB: the two arms (borrowed for the call; not AB themselves) and the share of requests
+   * without a `draft_arm` sent to B, in [0, 1]. Default NULL, NULL, 0.5.
+   */
+  const struct specmla_draft_source *ab_a;
+  const struct specmla_draft_source *ab_b;
+  double ab_ratio_b;
 } specmla_draft_source;
 
 /**

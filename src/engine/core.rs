@@ -300,8 +300,9 @@ impl Core {
         }
         let events = self.collect_events();
         let gen = self.draft_generation;
+        let pr = self.proposer.as_deref();
         for r in self.running.iter_mut().chain(self.waiting.iter_mut()) {
-            account(&mut self.metrics, gen, r);
+            account(&mut self.metrics, gen, arm_name(pr, r), r);
         }
         Ok(events)
     }
@@ -338,6 +339,7 @@ impl Core {
                     prompt_len: r.prompt_len,
                     k: plan[j].k_model,
                     params: &r.params,
+                    arm: r.draft_arm,
                 }
             })
             .collect();
@@ -650,6 +652,8 @@ impl Core {
 
     pub fn retire(&mut self, r: &mut ReqState) {
         self.kv.free(&mut r.kv);
+        // (the arm is read before the proposer forgets the request)
+        let arm = arm_name(self.proposer.as_deref(), r);
         if let Some(p) = self.proposer.as_mut() {
             p.release(r.id);
         }
@@ -657,12 +661,12 @@ impl Core {
             p.release(r.id);
         }
         self.finished_totals.add(&r.counters);
-        account(&mut self.metrics, self.draft_generation, r);
+        account(&mut self.metrics, self.draft_generation, arm, r);
         if let (Some(a), Some(b)) = (r.first_token_at, r.last_token_at) {
             let n = r.generated();
             if n >= 2 {
                 let tpot = b.duration_since(a).as_secs_f64() / (n - 1) as f64;
-                self.metrics.observe_tpot(&r.label, tpot);
+                self.metrics.observe_tpot(&r.label, arm, tpot);
             }
         }
         self.retired.push((r.id, r.counters.clone()));
@@ -727,12 +731,18 @@ fn choose_drafts(
     }
 }
 
-/// Add a request's counter growth since its last report to (its label, `generation`), and note
-/// when it committed generated tokens.
-fn account(m: &mut super::metrics::Metrics, generation: u64, r: &mut ReqState) {
+/// The metric name of a request's A/B arm ("" without an A/B drafter).
+fn arm_name(p: Option<&dyn Proposer>, r: &ReqState) -> &'static str {
+    p.and_then(|p| p.arm_of(r.id, r.draft_arm))
+        .map_or("", |a| crate::spec::ab::ARM_NAMES[a as usize])
+}
+
+/// Add a request's counter growth since its last report to (its label, `generation`, `arm`), and
+/// note when it committed generated tokens.
+fn account(m: &mut super::metrics::Metrics, generation: u64, arm: &str, r: &mut ReqState) {
     if r.counters != r.reported {
         let d = super::metrics::delta(&r.counters, &r.reported);
-        m.add(&r.label, generation, &d);
+        m.add(&r.label, generation, arm, &d);
         r.reported = r.counters.clone();
     }
     let n = r.generated();

@@ -1,5 +1,5 @@
-//! Operator metrics: every request counter aggregated per workload label and per draft
-//! generation, step-latency and time-per-output-token histograms, and the Prometheus text
+//! Operator metrics: every request counter aggregated per workload label, per draft
+//! generation and (under an A/B drafter) per arm (`arm="a"` / `"b"`), step-latency and time-per-output-token histograms, and the Prometheus text
 //! exposition (`Engine::metrics_text`, C `specmla_engine_metrics`).
 //!
 //! Where it sits: `Core` owns one `Metrics`. After every step (and when a request retires) each
@@ -56,6 +56,10 @@ impl Histogram {
         self.sum += v;
     }
 
+    pub fn sum(&self) -> f64 {
+        self.sum
+    }
+
     pub fn count(&self) -> u64 {
         self.counts.iter().sum::<u64>() + self.over
     }
@@ -109,14 +113,17 @@ pub fn delta(now: &Counters, before: &Counters) -> Counters {
     }
 }
 
+/// A bucket's key: (workload label, draft generation, A/B arm — "" without an A/B drafter).
+pub type BucketKey = (String, u64, String);
+
 /// The engine's metric state.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// (label, draft generation) -> counters reported so far.
-    pub buckets: BTreeMap<(String, u64), Counters>,
+    /// (label, draft generation, arm) -> counters reported so far.
+    pub buckets: BTreeMap<BucketKey, Counters>,
     pub step_latency: Histogram,
-    /// Per label: seconds per output token of finished requests.
-    pub tpot: BTreeMap<String, Histogram>,
+    /// Per (label, arm): seconds per output token of finished requests.
+    pub tpot: BTreeMap<(String, String), Histogram>,
 }
 
 impl Default for Metrics {
@@ -130,17 +137,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Add a request's counter growth to (label, generation).
-    pub fn add(&mut self, label: &str, generation: u64, d: &Counters) {
+    /// Add a request's counter growth to (label, generation, arm).
+    pub fn add(&mut self, label: &str, generation: u64, arm: &str, d: &Counters) {
         self.buckets
-            .entry((label.to_string(), generation))
+            .entry((label.to_string(), generation, arm.to_string()))
             .or_default()
             .add(d);
     }
 
-    pub fn observe_tpot(&mut self, label: &str, seconds: f64) {
+    pub fn observe_tpot(&mut self, label: &str, arm: &str, seconds: f64) {
         self.tpot
-            .entry(label.to_string())
+            .entry((label.to_string(), arm.to_string()))
             .or_insert_with(|| Histogram::new(LATENCY_BOUNDS))
             .observe(seconds);
     }
@@ -250,12 +257,19 @@ pub fn render(s: &Snapshot) -> String {
             |c| c.reasoning_tokens + c.answer_tokens + c.forced_tokens,
         ),
     ];
-    let key = |l: &str, g: u64| format!("label=\"{}\",draft_generation=\"{g}\"", escape(l));
+    let key = |(l, g, a): &BucketKey| {
+        let arm = if a.is_empty() {
+            String::new()
+        } else {
+            format!(",arm=\"{}\"", escape(a))
+        };
+        format!("label=\"{}\",draft_generation=\"{g}\"{arm}", escape(l))
+    };
     for (name, help, f) in counters {
         let _ = writeln!(out, "# HELP specmla_{name} {help}");
         let _ = writeln!(out, "# TYPE specmla_{name} counter");
-        for ((l, g), c) in &s.metrics.buckets {
-            let _ = writeln!(out, "specmla_{name}{{{}}} {}", key(l, *g), f(c));
+        for (k, c) in &s.metrics.buckets {
+            let _ = writeln!(out, "specmla_{name}{{{}}} {}", key(k), f(c));
         }
     }
     for (name, help, pick) in [
@@ -272,14 +286,14 @@ pub fn render(s: &Snapshot) -> String {
     ] {
         let _ = writeln!(out, "# HELP specmla_{name} {help}");
         let _ = writeln!(out, "# TYPE specmla_{name} counter");
-        for ((l, g), c) in &s.metrics.buckets {
+        for (k, c) in &s.metrics.buckets {
             let v = if pick {
                 &c.accepted_per_position
             } else {
                 &c.drafted_per_position
             };
             for (p, n) in v.iter().enumerate() {
-                let _ = writeln!(out, "specmla_{name}{{{},position=\"{p}\"}} {n}", key(l, *g));
+                let _ = writeln!(out, "specmla_{name}{{{},position=\"{p}\"}} {n}", key(k));
             }
         }
     }
@@ -296,11 +310,16 @@ pub fn render(s: &Snapshot) -> String {
         out,
         "# TYPE specmla_time_per_output_token_seconds histogram"
     );
-    for (l, h) in &s.metrics.tpot {
+    for ((l, a), h) in &s.metrics.tpot {
+        let arm = if a.is_empty() {
+            String::new()
+        } else {
+            format!(",arm=\"{}\"", escape(a))
+        };
         h.render(
             &mut out,
             "specmla_time_per_output_token_seconds",
-            &format!("label=\"{}\"", escape(l)),
+            &format!("label=\"{}\"{arm}", escape(l)),
         );
     }
     let _ = writeln!(

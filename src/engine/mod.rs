@@ -13,7 +13,7 @@ pub mod request;
 pub mod score;
 mod swap;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -408,6 +408,11 @@ impl Engine {
         if req.sampling.max_tokens == 0 {
             return Err(Error::InvalidRequest("max_tokens must be >= 1".into()));
         }
+        if let Some(a) = req.draft_arm.filter(|&a| a > 1) {
+            return Err(Error::InvalidRequest(format!(
+                "draft_arm must be 0 (A) or 1 (B), found {a}"
+            )));
+        }
         let start = req
             .think_start
             .clone()
@@ -471,6 +476,7 @@ impl Engine {
             suspect: false,
             fault: req.fault,
             label: req.label.unwrap_or_default(),
+            draft_arm: req.draft_arm,
             reported: Counters::default(),
             first_token_at: None,
             last_token_at: None,
@@ -623,13 +629,37 @@ impl Engine {
         })
     }
 
-    /// Counters per (workload label, draft generation), as reported after the last step.
+    /// Counters per (workload label, draft generation), as reported after the last step (A/B
+    /// arms summed).
     pub fn label_counters(&self) -> Vec<(String, u64, Counters)> {
         let core = lock(&self.core);
-        core.metrics
-            .buckets
-            .iter()
-            .map(|((l, g), c)| (l.clone(), *g, c.clone()))
+        let mut m: BTreeMap<(String, u64), Counters> = BTreeMap::new();
+        for ((l, g, _), c) in &core.metrics.buckets {
+            m.entry((l.clone(), *g)).or_default().add(c);
+        }
+        m.into_iter().map(|((l, g), c)| (l, g, c)).collect()
+    }
+
+    /// Per A/B arm ("a", "b"): its requests' counters (every label and generation summed), and
+    /// the mean time per output token of its finished requests (None before any finished with
+    /// two or more tokens). Empty unless an A/B drafter has served.
+    pub fn arm_stats(&self) -> Vec<(String, Counters, Option<f64>)> {
+        let core = lock(&self.core);
+        let mut m: BTreeMap<String, (Counters, f64, u64)> = BTreeMap::new();
+        for ((_, _, a), c) in &core.metrics.buckets {
+            if !a.is_empty() {
+                m.entry(a.clone()).or_default().0.add(c);
+            }
+        }
+        for ((_, a), h) in &core.metrics.tpot {
+            if !a.is_empty() {
+                let e = m.entry(a.clone()).or_default();
+                e.1 += h.sum();
+                e.2 += h.count();
+            }
+        }
+        m.into_iter()
+            .map(|(a, (c, s, n))| (a, c, (n > 0).then(|| s / n as f64)))
             .collect()
     }
 

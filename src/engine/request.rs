@@ -34,6 +34,9 @@ pub struct Request {
     /// Workload label (at most `metrics::MAX_LABEL_BYTES` bytes, no control characters): every
     /// counter is also aggregated per label (`Engine::metrics_text`). None = "".
     pub label: Option<String>,
+    /// Under an A/B drafter (`DraftSource::Ab`): the arm to serve this request (0 = A, 1 = B);
+    /// None = chosen by the A/B ratio. Ignored by every other drafter.
+    pub draft_arm: Option<u8>,
     /// Test hook for panic containment: make this request's steps panic. Not part of the API.
     #[doc(hidden)]
     pub fault: Option<Fault>,
@@ -74,6 +77,7 @@ impl Request {
             speculate: true,
             logprobs: false,
             label: None,
+            draft_arm: None,
             fault: None,
         }
     }
@@ -155,6 +159,8 @@ pub(crate) struct ReqState {
     pub fault: Option<Fault>,
     /// Workload label ("" when none).
     pub label: String,
+    /// The A/B arm asked for (`Request::draft_arm`).
+    pub draft_arm: Option<u8>,
     /// Counters already added to the metric buckets (`engine::metrics`).
     pub reported: Counters,
     /// When the first and the latest generated token were committed (time per output token).

@@ -14,7 +14,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvDtype;
 use crate::model::Model;
-use crate::spec::{DraftModelProposer, MtpProposer, NgramProposer, Proposer};
+use crate::spec::{AbProposer, DraftModelProposer, MtpProposer, NgramProposer, Proposer};
 use crate::tokenizer::Tokenizer;
 use crate::weights::{WeightSource, WeightStore};
 
@@ -36,6 +36,14 @@ pub enum DraftSource {
     /// The target's own multi-token-prediction layer (DeepSeek-V3 or V4 MTP; the target checkpoint
     /// must hold `model.layers.{num_hidden_layers}.*` (V3) or `mtp.0.*` (V4)).
     Mtp,
+    /// A live A/B of two drafters (any of the kinds above but another A/B; `None` is a
+    /// no-speculation control arm), each with its own draft KV: a request goes to the arm it asks
+    /// for (`Request::draft_arm`), else to B with probability `ratio_b` (a fixed hash of its id).
+    Ab {
+        a: Box<DraftSource>,
+        b: Box<DraftSource>,
+        ratio_b: f64,
+    },
 }
 
 /// State of a swap request.
@@ -143,6 +151,24 @@ pub(crate) fn build(
 ) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
     let (config, store, label) = match src {
         DraftSource::None => return Ok((None, None)),
+        DraftSource::Ab { a, b, ratio_b } => {
+            if !(0.0..=1.0).contains(&ratio_b) {
+                return Err(Error::Draft(format!(
+                    "A/B ratio must be in [0, 1], found {ratio_b}"
+                )));
+            }
+            let arm = |s: DraftSource, name: &str| match s {
+                DraftSource::Ab { .. } => Err(Error::Draft(format!(
+                    "A/B arm {name} is itself an A/B drafter"
+                ))),
+                s => build(s, ctx).map_err(|e| Error::Draft(format!("A/B arm {name}: {e}"))),
+            };
+            let (pa, ca) = arm(*a, "a")?;
+            let (pb, cb) = arm(*b, "b")?;
+            let p = AbProposer::new(pa, pb, ratio_b);
+            // a later weights-only swap (File / Bytes) builds one drafter of arm A's architecture
+            return Ok((Some(Box::new(p)), ca.or(cb)));
+        }
         DraftSource::Mtp => {
             let p = MtpProposer::new(
                 ctx.target.clone(),
@@ -332,7 +358,7 @@ impl Swaps {
         };
         let rate = |generation: u64| {
             let (mut d, mut a) = (0u64, 0u64);
-            for ((_, gen), c) in &core.metrics.buckets {
+            for ((_, gen, _), c) in &core.metrics.buckets {
                 if *gen == generation {
                     d += c.drafted_tokens;
                     a += c.accepted_tokens;

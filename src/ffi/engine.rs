@@ -144,6 +144,15 @@ fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> 
         } else {
             Some(unsafe { cstr(p.label, "label") }?.to_string())
         },
+        draft_arm: match p.draft_arm {
+            -1 => None,
+            a @ (0 | 1) => Some(a as u8),
+            a => {
+                return Err(FfiError::invalid(format!(
+                    "draft_arm must be -1, 0 or 1, got {a}"
+                )))
+            }
+        },
         fault: None,
     })
 }
@@ -328,6 +337,30 @@ fn draft_from(s: &DraftSource) -> Result<RsDraft, FfiError> {
             RsDraft::Bytes(unsafe { slice(s.bytes, s.n_bytes, "bytes") }?.to_vec())
         }
         SPECMLA_DRAFT_MTP => RsDraft::Mtp,
+        SPECMLA_DRAFT_AB => {
+            let arm = |p: *const DraftSource, name: &str| -> Result<RsDraft, FfiError> {
+                if p.is_null() {
+                    return Err(FfiError::null(name));
+                }
+                // SAFETY: a non-NULL arm points to a valid struct per the contract.
+                let a = unsafe { read_params(p, draft_source_defaults(), name) }?;
+                if a.kind == SPECMLA_DRAFT_AB {
+                    return Err(FfiError::invalid(format!("{name} is itself an A/B source")));
+                }
+                draft_from(&a)
+            };
+            if !(0.0..=1.0).contains(&s.ab_ratio_b) {
+                return Err(FfiError::invalid(format!(
+                    "ab_ratio_b must be in [0, 1], got {}",
+                    s.ab_ratio_b
+                )));
+            }
+            RsDraft::Ab {
+                a: Box::new(arm(s.ab_a, "ab_a")?),
+                b: Box::new(arm(s.ab_b, "ab_b")?),
+                ratio_b: s.ab_ratio_b,
+            }
+        }
         k => return Err(FfiError::invalid(format!("unknown draft source kind {k}"))),
     })
 }

@@ -39,6 +39,9 @@ pub const SPECMLA_DRAFT_NGRAM: u32 = 1;
 pub const SPECMLA_DRAFT_PATH: u32 = 2;
 pub const SPECMLA_DRAFT_BYTES: u32 = 3;
 pub const SPECMLA_DRAFT_MTP: u32 = 4;
+/// A live A/B of two drafters: `ab_a` and `ab_b` (each any kind but AB), `ab_ratio_b` of the
+/// requests without a `draft_arm` go to B.
+pub const SPECMLA_DRAFT_AB: u32 = 5;
 
 /// Engine creation parameters. Get defaults from `specmla_engine_default_params()`.
 #[repr(C)]
@@ -125,6 +128,9 @@ pub struct RequestParams {
     /// NUL-terminated UTF-8 workload label (<= 64 bytes, no control characters): the request's
     /// counters are also aggregated under it in `specmla_engine_metrics`. NULL = none.
     pub label: *const c_char,
+    /// Under an A/B drafter (SPECMLA_DRAFT_AB): 0 = arm A, 1 = arm B, -1 = by the ratio
+    /// (default). Other values are rejected.
+    pub draft_arm: i32,
 }
 
 /// Where new draft weights come from (see SPECMLA_DRAFT_*). Get defaults from
@@ -150,6 +156,11 @@ pub struct DraftSource {
     pub guard_min_drafts: u64,
     pub guard_threshold: f64,
     pub guard_relative: bool,
+    /// Kind AB: the two arms (borrowed for the call; not AB themselves) and the share of requests
+    /// without a `draft_arm` sent to B, in [0, 1]. Default NULL, NULL, 0.5.
+    pub ab_a: *const DraftSource,
+    pub ab_b: *const DraftSource,
+    pub ab_ratio_b: f64,
 }
 
 /// Speculation and budget counters of one request (or summed over the engine).
@@ -336,6 +347,7 @@ pub(crate) fn request_defaults() -> RequestParams {
         speculate: true,
         logprobs: false,
         label: std::ptr::null(),
+        draft_arm: -1,
     }
 }
 
@@ -351,6 +363,9 @@ pub(crate) fn draft_source_defaults() -> DraftSource {
         guard_min_drafts: 0,
         guard_threshold: 0.0,
         guard_relative: false,
+        ab_a: std::ptr::null(),
+        ab_b: std::ptr::null(),
+        ab_ratio_b: 0.5,
     }
 }
 

@@ -352,6 +352,7 @@ mod tests {
                 prompt_len: pl,
                 k,
                 params: &params,
+                arm: None,
             })
             .collect();
         let mut drafted_in_round = [usize::MAX; 4];

@@ -5,6 +5,7 @@
 //! The engine's step drives them: policy -> propose -> one batched target forward -> verify and
 //! commit (budget + stops per committed token) -> truncate target and draft KV.
 
+pub mod ab;
 pub mod budget;
 pub mod counters;
 pub mod draft_model;
@@ -15,6 +16,7 @@ pub mod policy;
 pub mod proposer;
 pub mod verifier;
 
+pub use ab::AbProposer;
 pub use budget::{BudgetConfig, BudgetState, Phase};
 pub use counters::Counters;
 pub use draft_model::DraftModelProposer;

@@ -1,7 +1,8 @@
 //! The proposer trait: anything that suggests draft tokens for the target to verify.
 //! Implementations: `DraftModelProposer` (a smaller DeepSeek model with its own latent KV cache,
 //! returns q distributions), `MtpProposer` (the target's own multi-token-prediction layer, fed
-//! the target's hidden states) and `NgramProposer` (prompt lookup, no weights, q = one-hot).
+//! the target's hidden states), `NgramProposer` (prompt lookup, no weights, q = one-hot) and
+//! `AbProposer` (two of them, traffic split: a live A/B).
 
 use crate::error::Result;
 use crate::kv::KvStats;
@@ -10,6 +11,7 @@ use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng, Samp
 use super::ngram::ngram_propose;
 
 /// One request's ask.
+#[derive(Clone)]
 pub struct ProposeRequest<'a> {
     pub id: u64,
     /// All committed tokens (prompt + output).
@@ -19,6 +21,8 @@ pub struct ProposeRequest<'a> {
     /// Number of tokens to propose.
     pub k: usize,
     pub params: &'a SamplingParams,
+    /// The A/B arm the request asked for (`Request::draft_arm`; only `AbProposer` reads it).
+    pub arm: Option<u8>,
 }
 
 /// Draft tokens and, for model drafters, their distributions q (processed with the request's params).
@@ -101,6 +105,11 @@ pub trait Proposer: Send {
     /// belong to drafts that verification rejects: the proposer keeps only rows whose fed
     /// tokens the committed context confirms.
     fn on_target_hidden(&mut self, _id: u64, _start: usize, _fed: &[u32], _hidden: &[f32]) {}
+    /// The A/B arm serving request `id` (which asked for `asked`), or the one it will get at its
+    /// first proposal (`AbProposer`; None for every other proposer).
+    fn arm_of(&self, _id: u64, _asked: Option<u8>) -> Option<u8> {
+        None
+    }
 }
 
 /// Prompt-lookup proposer.

@@ -289,3 +289,51 @@ pub fn budget_requests(
         })
         .collect()
 }
+
+/// models/draft with every weight replaced by deterministic noise (same names, shapes, bf16).
+pub fn random_draft() -> std::path::PathBuf {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let src = repo().join("models/draft");
+        let d = std::env::temp_dir().join(format!("specmla-random-draft-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["config.json", "tokenizer.json"] {
+            std::fs::copy(src.join(f), d.join(f)).unwrap();
+        }
+        let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut owned = Vec::new();
+        for (name, t) in st.tensors() {
+            let data: Vec<u8> = t
+                .data()
+                .chunks_exact(2)
+                .flat_map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let v = ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2; // [-0.1, 0.1)
+                    ((v.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect();
+            owned.push((name.clone(), t.dtype(), t.shape().to_vec(), data));
+        }
+        let views: Vec<_> = owned
+            .iter()
+            .map(|(n, dt, s, b)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(*dt, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        std::fs::write(
+            d.join("model.safetensors"),
+            safetensors::serialize(views, None).unwrap(),
+        )
+        .unwrap();
+        d
+    })
+    .clone()
+}

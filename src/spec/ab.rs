@@ -1,0 +1,249 @@
+//! Live A/B of two drafters: one `Proposer` that holds two arms (any kinds: draft model, MTP,
+//! n-gram, or none — plain decoding as a control arm), each with its own draft KV, and sends
+//! every request to one of them for its whole life.
+//!
+//! Where it sits: the engine holds it like any proposer (`DraftSource::Ab`, swappable at run
+//! time); it asks `arm_of` to put every counter of a request in its arm's metric buckets (from
+//! its first token on: `arm_of` answers with the arm the request will get before it has one).
+//!
+//! Guarantees: a request's arm is the one it asked for (`Request::draft_arm`), else a fixed
+//! hash of its id against the ratio — deterministic for a given submission order; once chosen
+//! it never changes, so each arm sees only its own requests' contexts and each stays lossless
+//! on its own. Hidden states that arrive before a request's first proposal (the MTP arm needs
+//! the prefill's) go to both arms; the arm not chosen forgets the request at its first proposal.
+
+use std::collections::HashMap;
+
+use crate::error::Result;
+use crate::kv::KvStats;
+
+use super::proposer::{Proposal, ProposeRequest, Proposer};
+
+/// Arm names in metrics and stats.
+pub const ARM_NAMES: [&str; 2] = ["a", "b"];
+
+/// Two drafters, traffic split between them.
+pub struct AbProposer {
+    /// Arm A, arm B (None: that arm decodes without drafts).
+    arms: [Option<Box<dyn Proposer>>; 2],
+    /// Fraction of requests (without an explicit arm) sent to arm B, in [0, 1].
+    ratio_b: f64,
+    assigned: HashMap<u64, u8>,
+}
+
+/// splitmix64 of the id mapped to [0, 1).
+fn unit_hash(id: u64) -> f64 {
+    let mut z = id.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl AbProposer {
+    pub fn new(a: Option<Box<dyn Proposer>>, b: Option<Box<dyn Proposer>>, ratio_b: f64) -> Self {
+        AbProposer {
+            arms: [a, b],
+            ratio_b,
+            assigned: HashMap::new(),
+        }
+    }
+
+    /// The arm request `id` has, or will get at its first proposal (`asked`, else the ratio).
+    fn arm(&self, id: u64, asked: Option<u8>) -> u8 {
+        match (self.assigned.get(&id), asked) {
+            (Some(&a), _) => a,
+            (None, Some(a)) => a.min(1),
+            (None, None) => u8::from(unit_hash(id) < self.ratio_b),
+        }
+    }
+
+    /// The arm of request `id`, choosing it now if it has none.
+    fn choose(&mut self, id: u64, asked: Option<u8>) -> usize {
+        if let Some(&a) = self.assigned.get(&id) {
+            return a as usize;
+        }
+        let a = self.arm(id, asked);
+        self.assigned.insert(id, a);
+        if let Some(other) = self.arms[1 - a as usize].as_mut() {
+            other.release(id); // it may hold rows handed before the choice
+        }
+        a as usize
+    }
+
+    /// The arms a call about `id` goes to: its arm, or both before the choice.
+    fn targets(&self, id: u64) -> Vec<usize> {
+        match self.assigned.get(&id) {
+            Some(&a) => vec![a as usize],
+            None => vec![0, 1],
+        }
+    }
+}
+
+impl Proposer for AbProposer {
+    fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
+        let mut out: Vec<Proposal> = reqs.iter().map(|_| Proposal::default()).collect();
+        let arms: Vec<usize> = reqs.iter().map(|r| self.choose(r.id, r.arm)).collect();
+        for arm in 0..2 {
+            let idx: Vec<usize> = (0..reqs.len()).filter(|&i| arms[i] == arm).collect();
+            let Some(p) = self.arms[arm].as_mut() else {
+                continue;
+            };
+            if idx.is_empty() {
+                continue;
+            }
+            let sub: Vec<ProposeRequest> = idx.iter().map(|&i| reqs[i].clone()).collect();
+            for (i, prop) in idx.into_iter().zip(p.propose(&sub)?) {
+                out[i] = prop;
+            }
+        }
+        Ok(out)
+    }
+
+    fn on_commit(&mut self, id: u64, context: &[u32]) {
+        for a in self.targets(id) {
+            if let Some(p) = self.arms[a].as_mut() {
+                p.on_commit(id, context);
+            }
+        }
+    }
+
+    fn release(&mut self, id: u64) {
+        self.assigned.remove(&id);
+        for p in self.arms.iter_mut().flatten() {
+            p.release(id);
+        }
+    }
+
+    fn name(&self) -> String {
+        let n = |p: &Option<Box<dyn Proposer>>| p.as_ref().map_or("none".into(), |p| p.name());
+        format!(
+            "ab(a={}, b={}, b_share={})",
+            n(&self.arms[0]),
+            n(&self.arms[1]),
+            self.ratio_b
+        )
+    }
+
+    fn kv_stats(&self) -> Option<KvStats> {
+        // Both arms' pools as one: block counts summed, byte geometry of the first pool.
+        let mut acc: Option<KvStats> = None;
+        for s in self.arms.iter().flatten().filter_map(|p| p.kv_stats()) {
+            match acc.as_mut() {
+                None => acc = Some(s),
+                Some(t) => {
+                    t.num_blocks += s.num_blocks;
+                    t.free_blocks += s.free_blocks;
+                    t.cached_blocks += s.cached_blocks;
+                    t.used_blocks += s.used_blocks;
+                    t.prefix_hit_tokens += s.prefix_hit_tokens;
+                    t.prefix_query_tokens += s.prefix_query_tokens;
+                    t.evictions += s.evictions;
+                    t.total_bytes += s.total_bytes;
+                    t.window_blocks += s.window_blocks;
+                    t.window_free_blocks += s.window_free_blocks;
+                    t.window_cached_blocks += s.window_cached_blocks;
+                }
+            }
+        }
+        acc
+    }
+
+    fn reclaim_unheld(&mut self) -> usize {
+        self.arms
+            .iter_mut()
+            .flatten()
+            .map(|p| p.reclaim_unheld())
+            .sum()
+    }
+
+    fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
+        for a in self.targets(id) {
+            if let Some(p) = self.arms[a].as_ref() {
+                p.check(id, context)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn kv_bytes_per_token(&self) -> usize {
+        // what one request costs: the larger of the two arms' caches
+        self.arms
+            .iter()
+            .flatten()
+            .map(|p| p.kv_bytes_per_token())
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn has_model(&self) -> bool {
+        self.arms.iter().flatten().any(|p| p.has_model())
+    }
+
+    fn wants_hidden(&self) -> bool {
+        self.arms.iter().flatten().any(|p| p.wants_hidden())
+    }
+
+    fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {
+        for a in self.targets(id) {
+            if let Some(p) = self.arms[a].as_mut().filter(|p| p.wants_hidden()) {
+                p.on_target_hidden(id, start, fed, hidden);
+            }
+        }
+    }
+
+    fn arm_of(&self, id: u64, asked: Option<u8>) -> Option<u8> {
+        Some(self.arm(id, asked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+    use crate::spec::NgramProposer;
+
+    #[test]
+    fn arms_follow_the_ratio_and_explicit_choices() {
+        let mk = || -> Option<Box<dyn Proposer>> { Some(Box::new(NgramProposer::default())) };
+        let mut ab = AbProposer::new(mk(), None, 0.25);
+        let params = SamplingParams::default();
+        let ctx = [1u32, 2, 3, 1, 2];
+        let reqs: Vec<ProposeRequest> = (0..4000u64)
+            .map(|id| ProposeRequest {
+                id,
+                context: &ctx,
+                prompt_len: 3,
+                k: 2,
+                params: &params,
+                arm: if id < 10 { Some(1) } else { None },
+            })
+            .collect();
+        let props = ab.propose(&reqs).unwrap();
+        let b: Vec<u64> = (0..4000u64)
+            .filter(|&i| ab.arm_of(i, None) == Some(1))
+            .collect();
+        assert!(
+            (0..10).all(|i| ab.arm_of(i, None) == Some(1)),
+            "explicit arm kept"
+        );
+        let share = (b.len() - 10) as f64 / 3990.0;
+        assert!((share - 0.25).abs() < 0.03, "share of arm b: {share}");
+        // arm b has no drafter: its requests get no drafts; arm a's get the n-gram's
+        for (id, p) in props.iter().enumerate() {
+            let in_b = ab.arm_of(id as u64, None) == Some(1);
+            assert_eq!(p.tokens.is_empty(), in_b, "request {id}");
+        }
+        // the choice sticks, even when a later call asks otherwise; release forgets it
+        let again = [ProposeRequest {
+            arm: Some(0),
+            ..reqs[3].clone()
+        }];
+        ab.propose(&again).unwrap();
+        assert_eq!(ab.arm_of(3, Some(0)), Some(1));
+        // before its first proposal a request's arm is the one it will get
+        ab.release(3);
+        assert_eq!(ab.arm_of(3, Some(0)), Some(0));
+        assert_eq!(ab.arm_of(5000, None), ab.arm_of(5000, None));
+    }
+}
