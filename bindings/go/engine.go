@@ -187,6 +187,56 @@ func (e *Engine) SetDraftNgram(minN, maxN uint32, wait bool) (uint64, error) {
 	return e.swap(&src, wait)
 }
 
+// DraftArm is one arm of a live A/B (SetDraftAB): a draft model directory (Path), the target's
+// MTP layer, the n-gram drafter, or none (a no-speculation control arm).
+type DraftArm struct {
+	Kind     DraftKind
+	Path     string // DraftPath
+	NgramMin uint32 // DraftNgram (0 = 1)
+	NgramMax uint32 // DraftNgram (0 = 3)
+}
+
+// DraftKind of an A/B arm.
+type DraftKind int
+
+const (
+	DraftNone  DraftKind = DraftKind(C.SPECMLA_DRAFT_NONE)
+	DraftNgram DraftKind = DraftKind(C.SPECMLA_DRAFT_NGRAM)
+	DraftPath  DraftKind = DraftKind(C.SPECMLA_DRAFT_PATH)
+	DraftMTP   DraftKind = DraftKind(C.SPECMLA_DRAFT_MTP)
+)
+
+func (a *cArena) arm(d DraftArm) *C.specmla_draft_source {
+	p := (*C.specmla_draft_source)(C.malloc(C.size_t(unsafe.Sizeof(C.specmla_draft_source{}))))
+	*a = append(*a, unsafe.Pointer(p))
+	*p = C.specmla_draft_source_default()
+	p.kind = C.uint32_t(d.Kind)
+	if d.Path != "" {
+		p.path = a.str(d.Path)
+	}
+	if d.NgramMin > 0 {
+		p.ngram_min_n = C.uint32_t(d.NgramMin)
+	}
+	if d.NgramMax > 0 {
+		p.ngram_max_n = C.uint32_t(d.NgramMax)
+	}
+	return p
+}
+
+// SetDraftAB swaps in a live A/B of two drafters, each with its own draft KV: a request goes to
+// the arm its RequestOptions.DraftArm names, else to B with probability shareB (a fixed hash of
+// its id). Per-arm counters are in the metrics text (label arm="a" / "b").
+func (e *Engine) SetDraftAB(a, b DraftArm, shareB float64, wait bool) (uint64, error) {
+	var ar cArena
+	defer ar.free()
+	src := C.specmla_draft_source_default()
+	src.kind = C.SPECMLA_DRAFT_AB
+	src.ab_a = ar.arm(a)
+	src.ab_b = ar.arm(b)
+	src.ab_ratio_b = C.double(shareB)
+	return e.swap(&src, wait)
+}
+
 // HasWork reports whether any request is queued or running.
 func (e *Engine) HasWork() (bool, error) {
 	var b C.bool

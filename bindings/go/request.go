@@ -23,11 +23,12 @@ type RequestOptions struct {
 	ThinkStart      []uint32 // nil = the tokenizer's <think>
 	ThinkEnd        []uint32 // nil = the tokenizer's </think>
 	Label           string   // workload label for the metrics ("" = none; <= 64 bytes)
+	DraftArm        int      // under an A/B drafter: 0 = arm A, 1 = arm B, -1 = by its share
 }
 
 // DefaultRequestOptions: greedy, 256 tokens, no budget, speculation on.
 func DefaultRequestOptions() RequestOptions {
-	return RequestOptions{MaxTokens: 256, TopP: 1, Speculate: true, ReasoningBudget: -1}
+	return RequestOptions{MaxTokens: 256, TopP: 1, Speculate: true, ReasoningBudget: -1, DraftArm: -1}
 }
 
 // cArena holds C copies of Go data for one call (cgo forbids passing Go pointers inside structs).
@@ -88,6 +89,7 @@ func (a *cArena) params(o RequestOptions) C.specmla_request_params {
 	if o.Label != "" {
 		p.label = a.str(o.Label)
 	}
+	p.draft_arm = C.int32_t(o.DraftArm)
 	return p
 }
 

@@ -362,3 +362,43 @@ func TestNgramAndNoneSwapsAndHasWork(t *testing.T) {
 		t.Fatalf("metrics: %v\n%s", err, m)
 	}
 }
+
+// A live A/B of two drafters: both arms keep the plain greedy output, each arm's counters are
+// in the metrics text under arm="a" / arm="b", an explicit DraftArm is honoured and a bad one
+// refused.
+func TestDraftABArms(t *testing.T) {
+	s := load(t)
+	e := s.engine(t)
+	ref := s.run(t, e, false, -1)
+	if _, err := e.SetDraftAB(DraftArm{Kind: DraftPath, Path: s.draft}, DraftArm{Kind: DraftNgram}, 0.5, true); err != nil {
+		t.Fatal(err)
+	}
+	for arm := 0; arm < 2; arm++ {
+		o := s.opts(true, -1)
+		o.DraftArm = arm
+		out, err := e.Generate(s.ids, s.prompt, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(out.Tokens, ref.Tokens) {
+			t.Fatalf("arm %d: %v != plain %v", arm, out.Tokens, ref.Tokens)
+		}
+	}
+	m, err := e.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`arm="a"`, `arm="b"`} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("metrics lack %s", want)
+		}
+	}
+	o := s.opts(true, -1)
+	o.DraftArm = 2
+	if _, err := e.Submit([]uint32{1, 2, 3}, o); err == nil || !strings.Contains(err.Error(), "draft_arm") {
+		t.Fatalf("draft arm 2: %v", err)
+	}
+	if _, err := e.SetDraftAB(DraftArm{Kind: DraftMTP}, DraftArm{Kind: DraftNone}, 1.5, true); err == nil {
+		t.Fatal("share 1.5 accepted")
+	}
+}

@@ -33,6 +33,8 @@ export interface RequestOptions {
   thinkEnd?: number[];
   /** Workload label for the metrics (at most 64 bytes). */
   label?: string;
+  /** Under an A/B drafter (setDraftAb): 0 = arm A, 1 = arm B; default (-1) = by its share. */
+  draftArm?: number;
 }
 
 export interface Event {
@@ -105,6 +107,8 @@ export declare class Engine {
   setDraftWeights(source: string | Buffer, options?: { wait?: boolean }): number;
   /** Swap in the target's own multi-token-prediction layer (DeepSeek-V3 MTP) as the drafter. */
   setDraftMtp(options?: { wait?: boolean }): number;
+  /** A live A/B of two drafters: each a draft model directory, 'mtp', 'ngram' or 'none'. */
+  setDraftAb(a: string, b: string, options?: { shareB?: number; wait?: boolean }): number;
   swapStatus(ticket: number): SwapStatus;
   counters(id: number): Counters;
   stats(): Stats;

@@ -57,6 +57,16 @@ class Engine {
     return native.setDraftMtp(this._h, wait);
   }
 
+  /**
+   * Swap in a live A/B of two drafters (each a draft model directory, 'mtp', 'ngram' or 'none'),
+   * each with its own draft KV: a request goes to the arm its `draftArm` option names (0 = A,
+   * 1 = B), else to B with probability `shareB`. Per-arm counters are in the metrics text
+   * (label arm="a" / "b"). Returns the ticket.
+   */
+  setDraftAb(a, b, { shareB = 0.5, wait = true } = {}) {
+    return native.setDraftAb(this._h, a, b, shareB, wait);
+  }
+
   swapStatus(ticket) {
     return native.swapStatus(this._h, ticket);
   }

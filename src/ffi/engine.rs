@@ -100,7 +100,7 @@ pub extern "C" fn specmla_engine_free(engine: *mut EngineHandle) -> Status {
     })
 }
 
-fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> {
+pub(super) fn request_from(p: &RequestParams, prompt: Prompt) -> Result<Request, FfiError> {
     if p.reasoning_budget < -1 {
         return Err(FfiError::invalid(format!(
             "reasoning_budget must be -1 (none) or >= 0, got {}",
@@ -315,7 +315,7 @@ pub extern "C" fn specmla_engine_cancel(engine: *mut EngineHandle, request_id: u
     })
 }
 
-fn draft_from(s: &DraftSource) -> Result<RsDraft, FfiError> {
+pub(super) fn draft_from(s: &DraftSource) -> Result<RsDraft, FfiError> {
     Ok(match s.kind {
         SPECMLA_DRAFT_NONE => RsDraft::None,
         SPECMLA_DRAFT_NGRAM => RsDraft::Ngram {

@@ -153,3 +153,58 @@ fn status_names_cover_every_code() {
         Ok("unknown")
     );
 }
+
+#[test]
+fn ab_sources_and_draft_arms_are_validated() {
+    use crate::engine::{DraftSource as Rs, Prompt};
+    let mut a = specmla_draft_source_default();
+    a.kind = SPECMLA_DRAFT_MTP;
+    let mut b = specmla_draft_source_default();
+    b.kind = SPECMLA_DRAFT_NGRAM;
+    let mut s = specmla_draft_source_default();
+    s.kind = SPECMLA_DRAFT_AB;
+    s.ab_a = &a;
+    s.ab_b = &b;
+    s.ab_ratio_b = 0.25;
+    match draft_from(&s).expect("valid A/B") {
+        Rs::Ab { a, b, ratio_b } => {
+            assert!(matches!(*a, Rs::Mtp));
+            assert!(matches!(*b, Rs::Ngram { min_n: 1, max_n: 3 }));
+            assert_eq!(ratio_b, 0.25);
+        }
+        other => panic!("{other:?}"),
+    }
+    let bad_ratio = DraftSource {
+        ab_ratio_b: -0.1,
+        ..s
+    };
+    assert!(draft_from(&bad_ratio)
+        .unwrap_err()
+        .msg
+        .contains("ab_ratio_b"));
+    let null_arm = DraftSource {
+        ab_b: std::ptr::null(),
+        ..s
+    };
+    assert_eq!(
+        draft_from(&null_arm).unwrap_err().status,
+        Status::SPECMLA_ERR_NULL_POINTER
+    );
+    let nested = DraftSource { ab_a: &s, ..s };
+    assert!(draft_from(&nested)
+        .unwrap_err()
+        .msg
+        .contains("itself an A/B"));
+    let mut p = specmla_request_default_params();
+    assert_eq!(p.draft_arm, -1);
+    let r = request_from(&p, Prompt::Tokens(vec![1])).expect("default");
+    assert_eq!(r.draft_arm, None);
+    p.draft_arm = 1;
+    let r = request_from(&p, Prompt::Tokens(vec![1])).expect("arm b");
+    assert_eq!(r.draft_arm, Some(1));
+    p.draft_arm = 2;
+    assert!(request_from(&p, Prompt::Tokens(vec![1]))
+        .unwrap_err()
+        .msg
+        .contains("draft_arm"));
+}

@@ -55,6 +55,16 @@ struct RequestOptions {
   std::optional<std::vector<uint32_t>> think_start, think_end;
   /// Workload label for the metrics (empty = none; at most 64 bytes).
   std::string label;
+  /// Under an A/B drafter (set_draft_ab): 0 = arm A, 1 = arm B; std::nullopt = by its share.
+  std::optional<int32_t> draft_arm;
+};
+
+/// One arm of a live A/B (Engine::set_draft_ab): a draft model directory, the target's MTP
+/// layer, the n-gram drafter, or none (a no-speculation control arm).
+struct DraftArm {
+  uint32_t kind = SPECMLA_DRAFT_NONE;  // SPECMLA_DRAFT_{NONE, NGRAM, PATH, MTP}
+  std::string path;                    // SPECMLA_DRAFT_PATH
+  uint32_t ngram_min_n = 1, ngram_max_n = 3;
 };
 
 /// What one step produced for one request.
@@ -175,10 +185,31 @@ class Engine {
     return swap(s, wait);
   }
 
-  /// The target's own multi-token-prediction layer as the drafter (DeepSeek-V3 MTP).
+  /// The target's own multi-token-prediction layer as the drafter (DeepSeek-V3 or V4 MTP).
   uint64_t set_draft_mtp(bool wait = true) {
     specmla_draft_source s = specmla_draft_source_default();
     s.kind = SPECMLA_DRAFT_MTP;
+    return swap(s, wait);
+  }
+
+  /// A live A/B of two drafters, each with its own draft KV: a request goes to the arm its
+  /// RequestOptions::draft_arm names, else to B with probability share_b. Per-arm counters are
+  /// in metrics() (label arm="a" / "b").
+  uint64_t set_draft_ab(const DraftArm& a, const DraftArm& b, double share_b, bool wait = true) {
+    auto arm = [](const DraftArm& d) {
+      specmla_draft_source s = specmla_draft_source_default();
+      s.kind = d.kind;
+      s.path = d.path.empty() ? nullptr : d.path.c_str();
+      s.ngram_min_n = d.ngram_min_n;
+      s.ngram_max_n = d.ngram_max_n;
+      return s;
+    };
+    specmla_draft_source sa = arm(a), sb = arm(b);
+    specmla_draft_source s = specmla_draft_source_default();
+    s.kind = SPECMLA_DRAFT_AB;
+    s.ab_a = &sa;
+    s.ab_b = &sb;
+    s.ab_ratio_b = share_b;
     return swap(s, wait);
   }
 
@@ -268,6 +299,7 @@ class Engine {
     p.speculate = o.speculate;
     p.logprobs = o.logprobs;
     p.label = o.label.empty() ? nullptr : o.label.c_str();
+    p.draft_arm = o.draft_arm.value_or(-1);
     p.reasoning_budget = o.reasoning_budget.value_or(-1);
     p.stop_token_ids = o.stop_token_ids.data();
     p.n_stop_token_ids = o.stop_token_ids.size();

@@ -229,3 +229,33 @@ TEST(Engine, MtpDrafterGreedyEqualsPlain) {
   plain.set_draft_mtp();
   EXPECT_EQ(s.run(plain, true).tokens, ref.tokens);
 }
+
+// A live A/B of two drafters: both arms keep the plain greedy output; the metrics carry both
+// arms; a bad arm number and a bad share are refused.
+TEST(Engine, DraftAbArms) {
+  ModelSetup s;
+  auto e = s.engine();
+  auto ref = s.run(e, false);
+  specmla::DraftArm a, b;
+  a.kind = SPECMLA_DRAFT_PATH;
+  a.path = s.draft;
+  b.kind = SPECMLA_DRAFT_NGRAM;
+  e.set_draft_ab(a, b, 0.5);
+  for (int32_t arm : {0, 1}) {
+    auto o = s.opts(true);
+    o.draft_arm = arm;
+    auto out = s.prompt.empty() ? e.generate(std::span<const uint32_t>(s.prompt_ids), o)
+                                : e.generate(std::string_view(s.prompt), o);
+    EXPECT_EQ(out.tokens, ref.tokens) << "arm " << arm;
+  }
+  const std::string m = e.metrics();
+  EXPECT_NE(m.find("arm=\"a\""), std::string::npos);
+  EXPECT_NE(m.find("arm=\"b\""), std::string::npos);
+  auto o = s.opts(true);
+  o.draft_arm = 2;
+  const std::vector<uint32_t> ids = {1, 2, 3};
+  EXPECT_THROW(e.submit(std::span<const uint32_t>(ids), o), specmla::Error);
+  specmla::DraftArm mtp;
+  mtp.kind = SPECMLA_DRAFT_MTP;
+  EXPECT_THROW(e.set_draft_ab(mtp, specmla::DraftArm{}, 1.5), specmla::Error);
+}

@@ -161,6 +161,7 @@ static void read_request(napi_env env, napi_value o, req_params *r) {
     r->p.n_think_end = n;
   }
   if (has_prop(env, o, "label", &v) && (r->label = get_string(env, v))) r->p.label = r->label;
+  r->p.draft_arm = (int32_t)num_prop(env, o, "draftArm", -1);
   if (has_prop(env, o, "stopStrings", &v)) {
     uint32_t len = 0;
     napi_get_array_length(env, v, &len);
@@ -583,6 +584,54 @@ static napi_value js_set_draft_mtp(napi_env env, napi_callback_info info) {
   return v;
 }
 
+/* An A/B arm from its name: "mtp", "ngram", "none", else a draft model directory (path kept). */
+static specmla_draft_source arm_source(const char *name) {
+  specmla_draft_source s = specmla_draft_source_default();
+  if (!strcmp(name, "mtp")) s.kind = SPECMLA_DRAFT_MTP;
+  else if (!strcmp(name, "ngram")) s.kind = SPECMLA_DRAFT_NGRAM;
+  else if (!strcmp(name, "none")) s.kind = SPECMLA_DRAFT_NONE;
+  else {
+    s.kind = SPECMLA_DRAFT_PATH;
+    s.path = name;
+  }
+  return s;
+}
+
+/* setDraftAb(handle, a, b, shareB, wait) -> ticket: a live A/B of two drafters */
+static napi_value js_set_draft_ab(napi_env env, napi_callback_info info) {
+  ARGS(5);
+  if (argc < 4) {
+    throw_type(env, "setDraftAb(handle, a, b, shareB, wait)");
+    return NULL;
+  }
+  char *an = get_string(env, argv[1]);
+  char *bn = get_string(env, argv[2]);
+  if (!an || !bn) {
+    free(an);
+    free(bn);
+    throw_type(env, "A/B arms are strings: a directory, 'mtp', 'ngram' or 'none'");
+    return NULL;
+  }
+  double share = 0.5;
+  napi_get_value_double(env, argv[3], &share);
+  bool wait = true;
+  if (argc >= 5) napi_get_value_bool(env, argv[4], &wait);
+  specmla_draft_source sa = arm_source(an), sb = arm_source(bn);
+  specmla_draft_source src = specmla_draft_source_default();
+  src.kind = SPECMLA_DRAFT_AB;
+  src.ab_a = &sa;
+  src.ab_b = &sb;
+  src.ab_ratio_b = share;
+  uint64_t ticket = 0;
+  specmla_status st = specmla_engine_set_draft_weights(b->eng, &src, wait, &ticket);
+  free(an);
+  free(bn);
+  if (fail(env, st)) return NULL;
+  napi_value v;
+  napi_create_double(env, (double)ticket, &v);
+  return v;
+}
+
 static napi_value js_swap_status(napi_env env, napi_callback_info info) {
   ARGS(2);
   double t = 0;
@@ -718,6 +767,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"cancel", NULL, js_cancel, NULL, NULL, NULL, napi_default, NULL},
       {"setDraftWeights", NULL, js_set_draft_weights, NULL, NULL, NULL, napi_default, NULL},
       {"setDraftMtp", NULL, js_set_draft_mtp, NULL, NULL, NULL, napi_default, NULL},
+      {"setDraftAb", NULL, js_set_draft_ab, NULL, NULL, NULL, napi_default, NULL},
       {"swapStatus", NULL, js_swap_status, NULL, NULL, NULL, napi_default, NULL},
       {"counters", NULL, js_counters, NULL, NULL, NULL, napi_default, NULL},
       {"stats", NULL, js_stats, NULL, NULL, NULL, napi_default, NULL},

@@ -164,3 +164,18 @@ test('the V4 sliding-window pool option reaches the engine', async () => {
   assert.equal(out.tokens.length, 8);
   e.close();
 });
+
+test('a live A/B of two drafters keeps plain greedy output in both arms', async () => {
+  const e = engine();
+  const ref = await e.generate(prompt(), opts(false));
+  e.setDraftAb(S.draft, 'ngram', { shareB: 0.5 });
+  for (const draftArm of [0, 1]) {
+    const got = await e.generate(prompt(), Object.assign(opts(true), { draftArm }));
+    assert.deepEqual(got.tokens, ref.tokens, `arm ${draftArm}`);
+  }
+  const m = e.metrics();
+  assert.ok(m.includes('arm="a"') && m.includes('arm="b"'), m);
+  assert.throws(() => e.submit([1, 2, 3], { draftArm: 2 }), { code: 'SPECMLA_ERR_INVALID_ARGUMENT' });
+  assert.throws(() => e.setDraftAb('mtp', 'none', { shareB: 1.5 }), { code: 'SPECMLA_ERR_INVALID_ARGUMENT' });
+  e.close();
+});

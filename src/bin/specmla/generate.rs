@@ -26,6 +26,11 @@ pub struct GenerateArgs {
     /// Draft with the target's own multi-token-prediction layer (DeepSeek-V3 or V4 MTP).
     #[arg(long, conflicts_with = "draft")]
     pub mtp: bool,
+    /// Live A/B of two drafters, A,B[:SHARE_B] (each a draft model directory, `mtp`, `ngram` or
+    /// `none`; SHARE_B of the prompts go to B, default 0.5): prints each arm's acceptance and
+    /// tokens/s at the end.
+    #[arg(long, conflicts_with_all = ["draft", "ngram", "mtp"])]
+    pub ab: Option<String>,
     /// Draft tokens per step (the maximum with --adaptive).
     #[arg(long, default_value_t = 4)]
     pub num_draft_tokens: usize,
@@ -262,12 +267,37 @@ fn parse_swaps(a: &GenerateArgs) -> Result<Vec<(u64, DraftSource)>> {
     Ok(v)
 }
 
+/// `--ab A,B[:SHARE_B]` to an A/B drafter.
+pub fn parse_ab(s: &str) -> Result<DraftSource> {
+    let bad = || Error::InvalidArgument(format!("--ab: expected A,B[:SHARE_B], found `{s}`"));
+    let (arms, share) = match s.rsplit_once(':') {
+        Some((arms, r)) => (
+            arms,
+            r.parse::<f64>()
+                .ok()
+                .filter(|x| (0.0..=1.0).contains(x))
+                .ok_or_else(bad)?,
+        ),
+        None => (s, 0.5),
+    };
+    let (x, y) = arms.split_once(',').ok_or_else(bad)?;
+    if x.is_empty() || y.is_empty() {
+        return Err(bad());
+    }
+    Ok(DraftSource::Ab {
+        a: Box::new(draft_source(x)),
+        b: Box::new(draft_source(y)),
+        ratio_b: share,
+    })
+}
+
 pub fn run(a: GenerateArgs) -> Result<()> {
     let cfg = engine_config(&a)?;
-    let draft = match (&a.draft, a.ngram, a.mtp) {
-        (Some(d), _, _) => DraftSource::Dir(d.clone()),
-        (None, true, _) => DraftSource::Ngram { min_n: 1, max_n: 4 },
-        (None, false, true) => DraftSource::Mtp,
+    let draft = match (&a.draft, a.ngram, a.mtp, &a.ab) {
+        (_, _, _, Some(s)) => parse_ab(s)?,
+        (Some(d), _, _, _) => DraftSource::Dir(d.clone()),
+        (None, true, _, _) => DraftSource::Ngram { min_n: 1, max_n: 4 },
+        (None, false, true, _) => DraftSource::Mtp,
         _ => DraftSource::None,
     };
     let reqs = build_requests(&a)?;
@@ -353,6 +383,29 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.time_target_forward_s, stats.time_draft_s
         );
     }
+    for (arm, c, tpot) in engine.arm_stats() {
+        let line = json!({
+            "arm": arm,
+            "drafted_tokens": c.drafted_tokens,
+            "accepted_tokens": c.accepted_tokens,
+            "acceptance": c.accepted_tokens as f64 / c.drafted_tokens.max(1) as f64,
+            "generated_tokens": c.reasoning_tokens + c.answer_tokens + c.forced_tokens,
+            // a request's decode rate: 1 / (time per output token), averaged over the arm
+            "tokens_per_s": tpot.map(|t| 1.0 / t),
+        });
+        if a.json {
+            println!("{}", json!({ "ab_arm": line }));
+        } else {
+            eprintln!(
+                "ab arm {arm}: acceptance {:.3} ({} of {} drafts), {} tokens, {} tok/s per request",
+                line["acceptance"].as_f64().unwrap_or(0.0),
+                c.accepted_tokens,
+                c.drafted_tokens,
+                line["generated_tokens"],
+                tpot.map_or("-".into(), |t| format!("{:.1}", 1.0 / t))
+            );
+        }
+    }
     if let Some(path) = &a.metrics {
         std::fs::write(path, engine.metrics_text()).map_err(|e| Error::Io {
             path: path.clone(),
@@ -366,4 +419,26 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ab_specs_parse() {
+        let DraftSource::Ab { a, b, ratio_b } = parse_ab("models/draft,mtp:0.25").unwrap() else {
+            panic!("an A/B source");
+        };
+        assert!(matches!(*a, DraftSource::Dir(_)));
+        assert!(matches!(*b, DraftSource::Mtp));
+        assert_eq!(ratio_b, 0.25);
+        let DraftSource::Ab { ratio_b, .. } = parse_ab("none,ngram").unwrap() else {
+            panic!("an A/B source");
+        };
+        assert_eq!(ratio_b, 0.5);
+        for bad in ["mtp", "mtp,", ",mtp", "a,b:1.5", "a,b:x"] {
+            assert!(parse_ab(bad).is_err(), "{bad}");
+        }
+    }
 }
