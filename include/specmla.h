@@ -302,6 +302,14 @@ typedef struct specmla_engine_params {
    * (`max_running` lookbacks + one chunk). Ignored for MLA models. Default 0.
    */
   uint32_t kv_window_blocks;
+  /**
+   * The target cache's second tier: evicted prefix blocks kept in `kv_offload_mem_bytes` of
+   * host memory and, with `kv_offload_dir` (a NUL-terminated directory path), in a file there
+   * that a later engine of the same model and cache layout restores from. Both unset
+   * (NULL, 0) = no tier (default). Not for DeepSeek-V4 targets yet.
+   */
+  const char *kv_offload_dir;
+  uint64_t kv_offload_mem_bytes;
 } specmla_engine_params;
 
 /**

@@ -72,6 +72,8 @@ type EngineOptions struct {
 	MTP              bool   // with no draft directory: draft with the target's MTP layer
 	ISA              uint32 // kernel instruction set: 0 auto, 1 portable, 2 avx2, 3 avx512
 	KVWindowBlocks   uint32 // DeepSeek-V4 sliding-window pool blocks (0 = default; ignored otherwise)
+	KVOffloadDir     string // second KV tier: a directory whose file keeps prompt blocks across engines
+	KVOffloadMem     uint64 // second KV tier: host-memory bytes for evicted prefix blocks (0 = none)
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -103,6 +105,12 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.mtp = C.bool(o.MTP)
 	p.isa = C.uint32_t(o.ISA)
 	p.kv_window_blocks = C.uint32_t(o.KVWindowBlocks)
+	p.kv_offload_mem_bytes = C.uint64_t(o.KVOffloadMem)
+	if o.KVOffloadDir != "" {
+		cdir := C.CString(o.KVOffloadDir)
+		defer C.free(unsafe.Pointer(cdir))
+		p.kv_offload_dir = cdir
+	}
 	ct := C.CString(target)
 	defer C.free(unsafe.Pointer(ct))
 	var cd *C.char

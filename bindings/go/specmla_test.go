@@ -402,3 +402,30 @@ func TestDraftABArms(t *testing.T) {
 		t.Fatal("share 1.5 accepted")
 	}
 }
+
+// The second KV tier on disk: a second engine on the same directory restores the first one's
+// prompt blocks (cached prompt tokens > 0) and generates the same tokens.
+func TestKVOffloadDirSurvivesTheEngine(t *testing.T) {
+	s := load(t)
+	dir := t.TempDir()
+	o := DefaultEngineOptions()
+	o.Threads, o.KVNumBlocks, o.DraftKVNumBlocks = 2, 256, 256
+	o.KVOffloadDir = dir
+	var outs []Output
+	for i := 0; i < 2; i++ {
+		e, err := NewEngine(s.target, s.draft, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, s.run(t, e, true, -1))
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !reflect.DeepEqual(outs[0].Tokens, outs[1].Tokens) {
+		t.Fatalf("restored %v != first %v", outs[1].Tokens, outs[0].Tokens)
+	}
+	if outs[1].Counters.CachedPromptTokens == 0 {
+		t.Fatalf("second engine restored nothing: %+v", outs[1].Counters)
+	}
+}

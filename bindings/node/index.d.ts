@@ -15,6 +15,10 @@ export interface EngineOptions {
   isa?: number;
   /** DeepSeek-V4 sliding-window pool blocks (0 = default; ignored for other models). */
   kvWindowBlocks?: number;
+  /** Second KV tier: a directory whose file keeps prompt blocks across engines (and processes). */
+  kvOffloadDir?: string;
+  /** Second KV tier: host-memory budget in bytes for evicted prefix blocks (default 0). */
+  kvOffloadMemBytes?: number;
 }
 
 export interface RequestOptions {

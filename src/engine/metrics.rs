@@ -354,6 +354,50 @@ pub fn render(s: &Snapshot) -> String {
             }
         }
     }
+    if let Some(t) = &s.kv.tier {
+        let fams: [(&str, &str, &str, &str, Vec<(&str, u64)>); 4] = [
+            (
+                "kv_tier_blocks_total",
+                "counter",
+                "Second KV tier: blocks offloaded (pool evictions), restored (prefix hits), dropped (no room), persisted (written through to the file).",
+                "event",
+                vec![
+                    ("offloaded", t.offloaded_blocks),
+                    ("restored", t.restored_blocks),
+                    ("dropped", t.dropped_blocks),
+                    ("persisted", t.persisted_blocks),
+                ],
+            ),
+            (
+                "kv_tier_bytes_total",
+                "counter",
+                "Second KV tier: bytes offloaded and restored.",
+                "event",
+                vec![("offloaded", t.offloaded_bytes), ("restored", t.restored_bytes)],
+            ),
+            (
+                "kv_tier_resident_blocks",
+                "gauge",
+                "Second KV tier: blocks held in host memory and in the file.",
+                "tier",
+                vec![("memory", t.mem_blocks), ("disk", t.disk_blocks)],
+            ),
+            (
+                "kv_tier_rejected_total",
+                "counter",
+                "Second KV tier: files ignored (another model or layout, bad header) and records rejected (truncated, corrupt).",
+                "what",
+                vec![("file", t.ignored_files), ("record", t.rejected_records)],
+            ),
+        ];
+        for (name, kind, help, label, vals) in fams {
+            let _ = writeln!(out, "# HELP specmla_{name} {help}");
+            let _ = writeln!(out, "# TYPE specmla_{name} {kind}");
+            for (k, v) in vals {
+                let _ = writeln!(out, "specmla_{name}{{{label}=\"{k}\"}} {v}");
+            }
+        }
+    }
     for (name, help, v) in [
         ("requests_running", "Requests running.", s.running as u64),
         (

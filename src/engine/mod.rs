@@ -89,6 +89,9 @@ pub struct EngineConfig {
     /// Kernel instruction set (None = the best this CPU has). Pinned on every worker of the
     /// engine's pool; asking for one the CPU lacks is an error. All levels give the same bits.
     pub isa: Option<IsaLevel>,
+    /// The target cache's second tier (`kv::tier`): evicted prefix blocks kept in host memory
+    /// and, with a directory, in a file that outlives the engine. None = off.
+    pub kv_offload: Option<crate::kv::TierConfig>,
 }
 
 impl Default for EngineConfig {
@@ -107,6 +110,7 @@ impl Default for EngineConfig {
             prefix_cache: true,
             spec: SpecMode::Fixed(4),
             isa: None,
+            kv_offload: None,
         }
     }
 }
@@ -291,7 +295,10 @@ impl Engine {
             }
             (None, None) => 0,
         };
-        let kv = KvCache::new(kc.with_window_blocks(window_blocks))?;
+        let mut kv = KvCache::new(kc.with_window_blocks(window_blocks))?;
+        if let Some(t) = &cfg.kv_offload {
+            kv.attach_tier(t, model.fingerprint())?;
+        }
         let special = |name: &str| {
             tokenizer
                 .as_ref()

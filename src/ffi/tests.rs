@@ -106,6 +106,18 @@ fn engine_params_are_validated() {
     );
     p.isa = 99;
     assert!(engine_config(&p).is_err());
+    // the second KV tier: off by default; a directory and / or a memory budget turn it on
+    p = engine_defaults();
+    assert_eq!(engine_config(&p).expect("default").kv_offload, None);
+    let dir = c"/tmp/specmla-tier";
+    p.kv_offload_dir = dir.as_ptr();
+    p.kv_offload_mem_bytes = 1 << 20;
+    let t = engine_config(&p).expect("tier").kv_offload.expect("on");
+    assert_eq!(
+        t.dir.as_deref(),
+        Some(std::path::Path::new("/tmp/specmla-tier"))
+    );
+    assert_eq!(t.mem_bytes, 1 << 20);
 }
 
 #[test]

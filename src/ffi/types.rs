@@ -86,6 +86,12 @@ pub struct EngineParams {
     /// inputs; each request holds only its lookback's blocks); 0 = the engine's sizing
     /// (`max_running` lookbacks + one chunk). Ignored for MLA models. Default 0.
     pub kv_window_blocks: u32,
+    /// The target cache's second tier: evicted prefix blocks kept in `kv_offload_mem_bytes` of
+    /// host memory and, with `kv_offload_dir` (a NUL-terminated directory path), in a file there
+    /// that a later engine of the same model and cache layout restores from. Both unset
+    /// (NULL, 0) = no tier (default). Not for DeepSeek-V4 targets yet.
+    pub kv_offload_dir: *const c_char,
+    pub kv_offload_mem_bytes: u64,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -323,6 +329,8 @@ pub(crate) fn engine_defaults() -> EngineParams {
         isa: SPECMLA_ISA_AUTO,
         index_kv_dtype: SPECMLA_KV_AUTO,
         kv_window_blocks: 0,
+        kv_offload_dir: std::ptr::null(),
+        kv_offload_mem_bytes: 0,
     }
 }
 
@@ -457,6 +465,20 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
             SpecMode::Fixed(k)
         },
         isa,
+        kv_offload: if p.kv_offload_dir.is_null() && p.kv_offload_mem_bytes == 0 {
+            None
+        } else {
+            Some(crate::kv::TierConfig {
+                mem_bytes: usize::try_from(p.kv_offload_mem_bytes).unwrap_or(usize::MAX),
+                dir: if p.kv_offload_dir.is_null() {
+                    None
+                } else {
+                    // SAFETY: a non-NULL path is NUL-terminated per the contract.
+                    Some(unsafe { super::text::cstr(p.kv_offload_dir, "kv_offload_dir") }?.into())
+                },
+                ..Default::default()
+            })
+        },
     })
 }
 

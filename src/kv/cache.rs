@@ -25,6 +25,7 @@ use super::pool::KvPool;
 use super::prefix_cache::{Parent, PrefixCache};
 use super::seq::{KvPlan, SeqKv};
 use super::spec::{KvConfig, KvGroupSpec, KvKind};
+use super::tier::{KvTier, TierConfig, TierKey, TierStats};
 use super::window::WinClass;
 use crate::error::{Error, Result};
 use crate::kernels::Rows;
@@ -57,6 +58,8 @@ pub struct KvStats {
     pub window_blocks: usize,
     pub window_free_blocks: usize,
     pub window_cached_blocks: usize,
+    /// The second KV tier's counters (None without one).
+    pub tier: Option<TierStats>,
 }
 
 /// One group's share of the pool.
@@ -89,6 +92,10 @@ pub struct KvCache {
     total_bytes: usize,
     prefix_hit_tokens: u64,
     prefix_query_tokens: u64,
+    /// The second tier (`attach_tier`).
+    tier: Option<KvTier>,
+    /// `[num_blocks]` second chain hash of each prefix-registered block (the tier's key half).
+    key2: Vec<u64>,
 }
 
 fn nonzero(field: &str, v: usize) -> Result<()> {
@@ -228,8 +235,72 @@ impl KvCache {
             total_bytes: total,
             prefix_hit_tokens: 0,
             prefix_query_tokens: 0,
+            tier: None,
+            key2: vec![0; cfg.num_blocks],
             cfg,
         })
+    }
+
+    /// Give this cache a second tier (see `kv::tier`): evicted prefix blocks are kept there and
+    /// restored on a later prefix match; with a directory, published blocks persist across
+    /// engines. `identity` fingerprints the model (a file written for another one is ignored).
+    /// Caches with a sliding-window class (V4) are refused: their prefix hits need the window
+    /// rows too, which the tier does not hold yet.
+    pub fn attach_tier(&mut self, cfg: &TierConfig, identity: u64) -> Result<()> {
+        if self.win.is_some() {
+            return Err(Error::config(
+                "kv_offload",
+                "the second KV tier does not serve caches with a sliding-window class (V4) yet",
+            ));
+        }
+        let bytes = self.block_bytes();
+        self.tier = Some(KvTier::new(
+            cfg,
+            identity,
+            self.layout_fingerprint(),
+            self.cfg.block_size,
+            bytes,
+        )?);
+        Ok(())
+    }
+
+    /// Bytes of one block over every group and layer, as the tier stores it.
+    fn block_bytes(&self) -> usize {
+        let bs = self.cfg.block_size;
+        self.pools.iter().map(|p| p.copy_len(bs)).sum()
+    }
+
+    /// A fingerprint of the layout a tier file must match: block size, every group's kind,
+    /// layers and dtype.
+    fn layout_fingerprint(&self) -> u64 {
+        let text = format!(
+            "{}|{:?}",
+            self.cfg.block_size,
+            self.cfg
+                .groups
+                .iter()
+                .map(|g| (g.kind, g.num_layers, g.dtype))
+                .collect::<Vec<_>>()
+        );
+        text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+
+    /// Block `b`'s bytes, every group and layer.
+    fn block_data(&self, b: u32) -> Vec<u8> {
+        let bs = self.cfg.block_size;
+        let mut out = Vec::with_capacity(self.block_bytes());
+        for p in &self.pools {
+            p.copy_out(b as usize * bs, bs, &mut out);
+        }
+        out
+    }
+
+    /// The tier key and tokens of registered block `b`.
+    fn tier_entry(&self, b: u32) -> Option<(TierKey, Vec<u32>)> {
+        let (h, toks) = self.prefix.identity(b)?;
+        Some(((h, self.key2[b as usize]), toks.to_vec()))
     }
 
     pub fn config(&self) -> &KvConfig {
@@ -754,6 +825,7 @@ impl KvCache {
         let mut seq = SeqKv::new();
         let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
         let (mut hashes, mut mains) = (Vec::new(), Vec::new());
+        let mut prev2 = None;
         for toks in tokens.chunks_exact(bs).take(n_full) {
             let h = self.prefix.hash(prev, toks);
             let Some(b) = self.prefix.lookup(h, parent, toks) else {
@@ -761,9 +833,45 @@ impl KvCache {
             };
             seq.blocks.push(b);
             prev = Some(h);
+            prev2 = self.tier.is_some().then(|| self.prefix.hash2(prev2, toks));
             parent = Some((b, self.prefix.generation(b)));
             hashes.push(h);
             mains.push(parent);
+        }
+        if self.tier.is_some() {
+            // (no window class: see `attach_tier`) hold the matched blocks, then continue the
+            // chain from the second tier, each restored block taking a pool block of its own
+            for &b in &seq.blocks {
+                self.alloc.incref(b);
+            }
+            let held = seq.blocks.len();
+            for toks in tokens.chunks_exact(bs).take(n_full).skip(held) {
+                let h = self.prefix.hash(prev, toks);
+                let h2 = self.prefix.hash2(prev2, toks);
+                let tier = self.tier.as_mut().expect("tier");
+                if self.prefix.contains_hash(h) || !tier.has(&(h, h2)) {
+                    break;
+                }
+                let Some(data) = tier.restore((h, h2), toks) else {
+                    break;
+                };
+                let Some(b) = self.take_block() else {
+                    break; // pool exhausted: the rest is recomputed
+                };
+                let mut off = 0;
+                for p in &mut self.pools {
+                    off += p.copy_in(b as usize * bs, bs, &data[off..]);
+                }
+                self.prefix.insert(b, h, parent, toks);
+                self.key2[b as usize] = h2;
+                seq.blocks.push(b);
+                prev = Some(h);
+                prev2 = Some(h2);
+                parent = Some((b, self.prefix.generation(b)));
+            }
+            seq.len = seq.blocks.len() * bs;
+            self.prefix_hit_tokens += seq.len as u64;
+            return seq;
         }
         if let Some(w) = &self.win {
             // the longest hit whose lookback rows are all cached in the window class
@@ -802,8 +910,10 @@ impl KvCache {
         let bs = self.cfg.block_size;
         let n_full = (tokens.len().min(seq.len) / bs).min(seq.blocks.len());
         let (mut prev, mut parent): (Option<u64>, Parent) = (None, None);
+        let mut prev2 = None;
         for (i, toks) in tokens.chunks_exact(bs).take(n_full).enumerate() {
             let h = self.prefix.hash(prev, toks);
+            let h2 = self.prefix.hash2(prev2, toks);
             let canonical = if let Some(c) = self.prefix.lookup(h, parent, toks) {
                 c
             } else {
@@ -812,9 +922,18 @@ impl KvCache {
                     break; // hash collision, or the block already has another identity
                 }
                 self.prefix.insert(b, h, parent, toks);
+                self.key2[b as usize] = h2;
+                if self.tier.is_some() {
+                    let data = self.block_data(b);
+                    self.tier
+                        .as_mut()
+                        .expect("tier")
+                        .persist((h, h2), toks, &data);
+                }
                 b
             };
             prev = Some(h);
+            prev2 = Some(h2);
             parent = Some((canonical, self.prefix.generation(canonical)));
             if let Some(w) = &mut self.win {
                 if i >= seq.win_first && i < seq.win_first + seq.win.len() {
@@ -873,6 +992,7 @@ impl KvCache {
             window_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_blocks()),
             window_free_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_free()),
             window_cached_blocks: self.win.as_ref().map_or(0, |w| w.alloc.num_evictable()),
+            tier: self.tier.as_ref().map(KvTier::stats),
         }
     }
 
@@ -940,8 +1060,17 @@ impl KvCache {
 
     // -- internals ------------------------------------------------------------------------------
 
-    /// One block with refcount 1, dropping the prefix identity of an evicted block.
+    /// One block with refcount 1, dropping the prefix identity of an evicted block (which goes
+    /// to the second tier first, when there is one).
     fn take_block(&mut self) -> Option<u32> {
+        if self.tier.is_some() && self.alloc.free_list().is_empty() {
+            if let Some(b) = self.alloc.evictable_lru().next() {
+                if let Some((key, toks)) = self.tier_entry(b) {
+                    let data = self.block_data(b);
+                    self.tier.as_mut().expect("tier").offload(key, &toks, data);
+                }
+            }
+        }
         self.alloc.take_from(&mut self.prefix)
     }
 

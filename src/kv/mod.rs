@@ -10,7 +10,8 @@
 //! Files: `spec` (groups and their byte accounting; the V4 design), `dtype` (element types,
 //! quantisation), `pool` (per-group, per-layer storage), `block_allocator`
 //! (refcounts, free list, LRU of evictable cached blocks), `prefix_cache` (verified chained-hash
-//! index), `seq` (block table + plan), `cache` (the `KvCache` API tying them together).
+//! index), `seq` (block table + plan), `cache` (the `KvCache` API tying them together), `tier/`
+//! (the second tier: evicted prefix blocks in host memory and a file, restored on a hit).
 //! Each cache is a value: a target and a draft model each own one, with their own dtype.
 
 mod block_allocator;
@@ -22,9 +23,11 @@ mod seq;
 mod spec;
 #[cfg(test)]
 mod tests;
+pub mod tier;
 mod window;
 
 pub use cache::{KvCache, KvGroupStats, KvStats};
 pub use dtype::KvDtype;
 pub use seq::{KvPlan, SeqKv};
 pub use spec::{KvConfig, KvGroupSpec, KvKind};
+pub use tier::{TierConfig, TierStats};

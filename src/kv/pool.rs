@@ -121,6 +121,61 @@ impl KvPool {
         }
     }
 
+    /// Append the stored bytes (little endian) of `n` slots from `slot`, every layer in order,
+    /// to `out` (the second KV tier's copy of a block).
+    pub(crate) fn copy_out(&self, slot: usize, n: usize, out: &mut Vec<u8>) {
+        let u = self.slot_units;
+        for l in &self.layers {
+            let r = slot * u..(slot + n) * u;
+            match l {
+                LayerBuf::F32(b) => b[r].iter().for_each(|v| out.extend(v.to_le_bytes())),
+                LayerBuf::Bf16(b) | LayerBuf::F16(b) => {
+                    b[r].iter().for_each(|v| out.extend(v.to_le_bytes()))
+                }
+                LayerBuf::Fp8(b) => out.extend_from_slice(&b[r]),
+            }
+        }
+    }
+
+    /// Bytes `copy_out` writes for `n` slots.
+    pub(crate) fn copy_len(&self, n: usize) -> usize {
+        let unit = match self.layers.first() {
+            Some(LayerBuf::F32(_)) => 4,
+            Some(LayerBuf::Bf16(_) | LayerBuf::F16(_)) => 2,
+            _ => 1,
+        };
+        self.layers.len() * n * self.slot_units * unit
+    }
+
+    /// Store `n` slots from `slot` back from bytes `copy_out` wrote; returns the bytes consumed.
+    pub(crate) fn copy_in(&mut self, slot: usize, n: usize, data: &[u8]) -> usize {
+        let u = self.slot_units;
+        let mut off = 0;
+        for l in &mut self.layers {
+            let r = slot * u..(slot + n) * u;
+            match l {
+                LayerBuf::F32(b) => {
+                    for (v, c) in b[r].iter_mut().zip(data[off..].chunks_exact(4)) {
+                        *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        off += 4;
+                    }
+                }
+                LayerBuf::Bf16(b) | LayerBuf::F16(b) => {
+                    for (v, c) in b[r].iter_mut().zip(data[off..].chunks_exact(2)) {
+                        *v = u16::from_le_bytes([c[0], c[1]]);
+                        off += 2;
+                    }
+                }
+                LayerBuf::Fp8(b) => {
+                    let len = r.len();
+                    b[r].copy_from_slice(&data[off..off + len]);
+                    off += len;
+                }
+            }
+        }
+        off
+    }
+
     /// Dequantise `n` consecutive slots starting at `slot` into `out: [n, width]`.
     #[inline]
     pub(crate) fn read_slots(&self, layer: usize, slot: usize, n: usize, out: &mut [f32]) {

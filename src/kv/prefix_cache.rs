@@ -69,6 +69,23 @@ impl PrefixCache {
         h
     }
 
+    /// Key and tokens of registered block `b`.
+    pub(crate) fn identity(&self, b: u32) -> Option<(u64, &[u32])> {
+        let e = self.entry[b as usize]?;
+        let bs = self.block_size;
+        Some((e.hash, &self.tokens[b as usize * bs..(b as usize + 1) * bs]))
+    }
+
+    /// The second, independent chain hash (the KV tier keys blocks by both).
+    pub(crate) fn hash2(&self, prev: Option<u64>, toks: &[u32]) -> u64 {
+        let mut h = mix(self.salt ^ 0x7a3c_91d2_e4b5_0f68);
+        h = mix(h ^ prev.map_or(0x2545_f491_4f6c_dd1d, |p| mix(p ^ 0x51ed)));
+        for &t in toks {
+            h = mix(h.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t as u64 + 0x3c6e_f372));
+        }
+        h
+    }
+
     pub(crate) fn is_cached(&self, b: u32) -> bool {
         self.entry[b as usize].is_some()
     }

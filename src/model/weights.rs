@@ -185,6 +185,34 @@ impl Model {
         v
     }
 
+    /// A fingerprint of the model's identity (configuration, every matrix's shape and storage,
+    /// and the values of its first, middle and last rows): what a persisted KV file must have
+    /// been written for. Cheap: a few rows per matrix.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        let mut eat = |x: u64| {
+            h = (h ^ x).wrapping_mul(0x100_0000_01b3);
+            h ^= h >> 29;
+        };
+        format!("{:?}", self.config)
+            .bytes()
+            .for_each(|b| eat(b as u64));
+        self.norm.iter().for_each(|v| eat(v.to_bits() as u64));
+        for m in self.matrices() {
+            eat(m.rows as u64);
+            eat(m.cols as u64);
+            eat(m.nbytes() as u64);
+            let mut row = vec![0f32; m.cols]; // [cols]
+            for r in [0, m.rows / 2, m.rows.saturating_sub(1)] {
+                if r < m.rows {
+                    crate::kernels::matrix_row_f32(m, r, &mut row);
+                    row.iter().for_each(|v| eat(v.to_bits() as u64));
+                }
+            }
+        }
+        h
+    }
+
     /// Weight bytes read by a batch-1 decode step: everything except non-selected experts
     /// (top-k routed experts counted) and the embedding table (one row).
     pub fn decode_bytes_per_token(&self) -> usize {

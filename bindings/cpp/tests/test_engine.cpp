@@ -259,3 +259,25 @@ TEST(Engine, DraftAbArms) {
   mtp.kind = SPECMLA_DRAFT_MTP;
   EXPECT_THROW(e.set_draft_ab(mtp, specmla::DraftArm{}, 1.5), specmla::Error);
 }
+
+// The second KV tier on disk: a second engine on the same directory restores the first one's
+// prompt blocks and generates the same tokens.
+TEST(Engine, KvOffloadDirSurvivesTheEngine) {
+  ModelSetup s;
+  char tmpl[] = "/tmp/specmla-cpp-tier-XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  ASSERT_NE(dir, nullptr);
+  std::vector<specmla::Output> outs;
+  for (int i = 0; i < 2; i++) {
+    specmla::EngineOptions eo;
+    eo.params.threads = 2;
+    eo.params.kv_num_blocks = 256;
+    eo.params.draft_kv_num_blocks = 256;
+    eo.params.kv_offload_dir = dir;
+    specmla::Engine e(s.target, s.draft, eo);
+    outs.push_back(s.run(e, true));
+  }
+  EXPECT_EQ(outs[1].tokens, outs[0].tokens);
+  EXPECT_GT(outs[1].counters.cached_prompt_tokens, 0u);
+  std::system((std::string("rm -rf ") + dir).c_str());
+}

@@ -479,11 +479,17 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.mtp = bool_prop(env, argv[2], "mtp", p.mtp);
     p.isa = (uint32_t)num_prop(env, argv[2], "isa", p.isa);
     p.kv_window_blocks = (uint32_t)num_prop(env, argv[2], "kvWindowBlocks", p.kv_window_blocks);
+    p.kv_offload_mem_bytes = (uint64_t)num_prop(env, argv[2], "kvOffloadMemBytes", 0);
   }
+  char *offload = NULL;
+  napi_value ov;
+  if (argc >= 3 && has_prop(env, argv[2], "kvOffloadDir", &ov) && (offload = get_string(env, ov)))
+    p.kv_offload_dir = offload;
   specmla_engine *eng = NULL;
   specmla_status st = target ? specmla_engine_create(target, draft, &p, &eng) : SPECMLA_ERR_NULL_POINTER;
   free(target);
   free(draft);
+  free(offload);
   if (fail(env, st)) return NULL;
   engine_box *b = malloc(sizeof *b);
   b->eng = eng;

@@ -179,3 +179,16 @@ test('a live A/B of two drafters keeps plain greedy output in both arms', async 
   assert.throws(() => e.setDraftAb('mtp', 'none', { shareB: 1.5 }), { code: 'SPECMLA_ERR_INVALID_ARGUMENT' });
   e.close();
 });
+
+test('the second KV tier on disk outlives the engine', async () => {
+  const dir = fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'specmla-node-tier-'));
+  const outs = [];
+  for (let i = 0; i < 2; i++) {
+    const e = new Engine(S.target, S.draft, { threads: 2, kvNumBlocks: 256, draftKvNumBlocks: 256, kvOffloadDir: dir });
+    outs.push(await e.generate(prompt(), opts(true)));
+    e.close();
+  }
+  assert.deepEqual(outs[1].tokens, outs[0].tokens);
+  assert.ok(outs[1].counters.cachedPromptTokens > 0, JSON.stringify(outs[1].counters));
+  fs.rmSync(dir, { recursive: true, force: true });
+});

@@ -76,6 +76,13 @@ pub struct GenerateArgs {
     /// Workload label of every prompt (counters are also aggregated per label in the metrics).
     #[arg(long)]
     pub label: Option<String>,
+    /// Second KV tier on disk: evicted prefix blocks (and every published prompt block) are kept
+    /// in a file in DIR, which a later run of the same model and cache layout restores from.
+    #[arg(long)]
+    pub kv_offload_dir: Option<PathBuf>,
+    /// Host-memory budget of the second KV tier in MiB (0 with no --kv-offload-dir: no tier).
+    #[arg(long, default_value_t = 0)]
+    pub kv_offload_mem_mb: usize,
     /// Write the engine's metrics (Prometheus text format) to FILE at exit.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -182,6 +189,14 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
             SpecMode::Fixed(a.num_draft_tokens)
         },
         isa: parse_isa(&a.isa)?,
+        kv_offload: match (&a.kv_offload_dir, a.kv_offload_mem_mb) {
+            (None, 0) => None,
+            (dir, mb) => Some(specmla::kv::TierConfig {
+                mem_bytes: mb << 20,
+                dir: dir.clone(),
+                ..Default::default()
+            }),
+        },
     })
 }
 

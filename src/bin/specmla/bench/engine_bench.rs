@@ -147,6 +147,7 @@ pub fn run(
         prefix_cache: false,
         spec: SpecMode::Fixed(0),
         isa: isa_level,
+        kv_offload: None,
     };
     let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
     let vocab = c.vocab_size;

@@ -12,6 +12,9 @@
 //!   attention at long context, a V3.2-shaped random model against its V3 twin (`v32_bench.rs`).
 //! - V4 (`--v4`): decode tokens/s and KV bytes per token of a V4-shaped random model against a
 //!   V3-shaped one of the same hidden size (`v4_bench.rs`).
+//! - second KV tier (`--ttft`): time to first token of a long shared prefix restored from the
+//!   tier (disk after a restart, host memory after an eviction) against recomputed
+//!   (`ttft_bench.rs`).
 //! - draft swaps (`--swap`): load/apply times, step latency around swaps, KV bytes per token per
 //!   dtype, fp8 vs bf16 draft KV (`swap_bench.rs`).
 //!
@@ -24,6 +27,7 @@ mod pairwise;
 mod random_model;
 mod spec_bench;
 mod swap_bench;
+mod ttft_bench;
 mod v32_bench;
 mod v4_bench;
 
@@ -127,6 +131,11 @@ pub struct BenchArgs {
     /// batch-1 decode tokens/s and KV bytes per token at the --long-contexts lengths.
     #[arg(long)]
     pub v4: bool,
+    /// Run the second-KV-tier bench: time to first token of a --prefill-len-token shared prefix
+    /// restored (from the offload file after a restart, from host memory after an eviction) vs
+    /// recomputed.
+    #[arg(long)]
+    pub ttft: bool,
 }
 
 /// Submit a `ctx`-token random prompt wanting `1 + warmup + steps` tokens and step `engine` until
@@ -338,7 +347,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
-    let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4);
+    let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4 && !a.ttft);
     let mut sections: Vec<Section> = Vec::new();
     let t0 = Instant::now();
     let load_before = machine_load();
@@ -368,6 +377,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.v4 {
         let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         sections.push(v4_bench::run(&a, &scratch_base)?);
+    }
+    if a.ttft {
+        let scratch_base = a.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        sections.push(ttft_bench::run(&a, &scratch_base)?);
     }
     let load_after = machine_load();
     if a.json {

@@ -367,6 +367,7 @@ fn run_target(
         prefix_cache: true,
         spec: SpecMode::Fixed(0),
         isa: crate::generate::parse_isa(&a.isa)?,
+        kv_offload: None,
     };
     let mut budget_sets: Vec<(String, Vec<Option<usize>>)> =
         vec![("none".into(), vec![None; items.len()])];

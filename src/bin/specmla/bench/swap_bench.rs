@@ -90,6 +90,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         prefix_cache: true,
         spec: SpecMode::Fixed(k),
         isa: crate::generate::parse_isa(&a.isa)?,
+        kv_offload: None,
     };
     let src = || DraftSource::Dir(draft.to_path_buf());
     let engine = Engine::new(target, src(), base.clone())?;
