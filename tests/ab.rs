@@ -24,13 +24,7 @@ fn requests(n: usize) -> Vec<Request> {
 }
 
 fn plain(reqs: &[Request]) -> Vec<Output> {
-    let e = Engine::new(
-        &target(),
-        DraftSource::None,
-        spec_test_cfg(SpecMode::Fixed(0)),
-    )
-    .unwrap();
-    run_checked(&e, reqs.to_vec(), &[])
+    common::plain_outputs(&target(), reqs)
 }
 
 fn ab(a: DraftSource, b: DraftSource, ratio_b: f64) -> DraftSource {

@@ -44,13 +44,7 @@ fn run(e: &Engine, reqs: &[Request], swaps: &[(u64, DraftSource)]) -> Vec<Output
 }
 
 fn baseline(reqs: &[Request]) -> Vec<Output> {
-    let e = Engine::new(
-        &target(),
-        DraftSource::None,
-        spec_test_cfg(SpecMode::Fixed(0)),
-    )
-    .unwrap();
-    run(&e, reqs, &[])
+    common::plain_outputs(&target(), reqs)
 }
 
 #[test]

@@ -244,6 +244,12 @@ pub fn assert_same_outputs(label: &str, base: &[Output], got: &[Output], reqs: &
 }
 
 /// Engine config of the speculation tests: f32 KV, 2 threads, 512-block pools.
+/// Plain decoding (no drafter, the test config) of `reqs` on `target`: the reference outputs.
+pub fn plain_outputs(target: &Path, reqs: &[Request]) -> Vec<Output> {
+    let e = Engine::new(target, DraftSource::None, spec_test_cfg(SpecMode::Fixed(0))).unwrap();
+    run_checked(&e, reqs.to_vec(), &[])
+}
+
 pub fn spec_test_cfg(spec: SpecMode) -> EngineConfig {
     EngineConfig {
         kv_dtype: KvDtype::F32,
