@@ -6,10 +6,12 @@
 //! `config` + `weights` -> `model` (weights only) ; `tokenizer` ;
 //! request -> `engine` (scheduler, continuous batching) -> `spec` (propose -> verify -> budget)
 //! -> `model::forward` over a flattened ragged batch, reading and writing the `kv` latent cache
-//! -> `sampling` -> events. `kernels` holds the batch-invariant CPU math; `ffi` is the C ABI.
+//! -> `sampling` -> events. `kernels` holds the batch-invariant CPU math; `cuda` the GPU kernels (`kernels/*.cu`) and
+//! their NVRTC compile check; `ffi` is the C ABI.
 //! See docs/ARCHITECTURE.md.
 
 pub mod config;
+pub mod cuda;
 pub mod engine;
 pub mod error;
 pub mod ffi;

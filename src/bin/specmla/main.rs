@@ -1,9 +1,11 @@
 //! `specmla` — command-line front end over the library: `generate` (streaming or JSON, with a
 //! draft model or n-gram speculation and a reasoning budget), `score` (per-position log-probs),
 //! `info` (model summary), `bench` (throughput, roofline, speculation, draft swaps) and
-//! `quantize` (fp8 block-scaled copy of a checkpoint), `make-bench-model` (widened copy).
+//! `quantize` (fp8 block-scaled copy of a checkpoint), `make-bench-model` (widened copy),
+//! `cuda-check` (NVRTC compile check of the CUDA kernels).
 
 mod bench;
+mod cuda_check;
 mod generate;
 mod info;
 mod make_bench_model;
@@ -37,6 +39,8 @@ enum Cmd {
     Quantize(quantize::QuantizeArgs),
     /// Write a function-preserving widened copy of a checkpoint (memory-bound benchmark target).
     MakeBenchModel(make_bench_model::MakeBenchModelArgs),
+    /// Compile every CUDA kernel with NVRTC for each target architecture (registers, spills).
+    CudaCheck(cuda_check::CudaCheckArgs),
 }
 
 fn main() {
@@ -48,6 +52,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Quantize(a) => quantize::run(a),
         Cmd::MakeBenchModel(a) => make_bench_model::run(a),
+        Cmd::CudaCheck(a) => cuda_check::run(a),
     };
     if let Err(e) = res {
         eprintln!("specmla: error: {e}");

@@ -1,0 +1,20 @@
+//! The CUDA backend's device code: the kernels in `kernels/*.cu` (CUDA C++, compiled at run time
+//! by NVRTC for the device's architecture) and their compile check.
+//!
+//! Where it sits: issue 16's first layer. `kernels` embeds the sources (so the library needs no
+//! file at run time and no CUDA header: `kernels/common.cuh` converts bf16 / fp8 itself);
+//! `nvrtc` loads NVRTC dynamically through cudarc (the crate builds and every CPU test runs on a
+//! machine with no CUDA), compiles a kernel for an architecture with `-Xptxas=-v` and parses the
+//! resource report (registers, shared memory, stack, spills). This folder holds the only unsafe
+//! calls into CUDA libraries. The forward pass does not run on a GPU yet: no backend seam, no
+//! device buffers, no launches (see issue 16's closing notes).
+//!
+//! Guarantees: a missing NVRTC is reported (`nvrtc::available`), never a panic; every kernel's
+//! reductions have one fixed order (see `kernels/common.cuh`), the batch invariance the exact
+//! speculation tests rely on.
+
+pub mod kernels;
+pub mod nvrtc;
+
+pub use kernels::{kernel_sources, KernelSource, HOT_KERNELS};
+pub use nvrtc::{available, check_all, compile, CompileReport, FunctionReport, ARCHS};
