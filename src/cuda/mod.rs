@@ -13,8 +13,13 @@
 //! reductions have one fixed order (see `kernels/common.cuh`), the batch invariance the exact
 //! speculation tests rely on.
 
+pub mod check;
+pub mod device;
 pub mod kernels;
 pub mod nvrtc;
 
+pub use device::Gpu;
 pub use kernels::{kernel_sources, KernelSource, HOT_KERNELS};
-pub use nvrtc::{available, check_all, compile, CompileReport, FunctionReport, ARCHS};
+pub use nvrtc::{
+    available, check_all, compile, compile_cubin, CompileReport, FunctionReport, ARCHS,
+};

@@ -113,6 +113,41 @@ pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
     })
 }
 
+/// Compile `source` to a cubin for `arch` (e.g. `sm_90`): what a device of that architecture
+/// loads without NVRTC or a JIT (`cuda-check --out DIR` writes them for every arch).
+pub fn compile_cubin(file: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
+    if !available() {
+        return Err(Error::Engine(
+            "NVRTC is not available (libnvrtc.so not found on the library path)".into(),
+        ));
+    }
+    let src = CString::new(source)
+        .map_err(|_| Error::InvalidArgument(format!("{file}: a NUL byte in the source")))?;
+    let name = CString::new(file).unwrap_or_default();
+    let prog = result::create_program(&src, Some(&name))
+        .map_err(|e| Error::Engine(format!("{file}: nvrtcCreateProgram: {e:?}")))?;
+    let opts = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        "-default-device".to_string(),
+    ];
+    // SAFETY: `prog` is live until the destroy below; the cubin buffer has the size NVRTC gave.
+    let out = unsafe {
+        let compiled = result::compile_program(prog, &opts);
+        let mut n = 0usize;
+        let got = compiled.is_ok()
+            && sys::nvrtcGetCUBINSize(prog, &mut n) == sys::nvrtcResult::NVRTC_SUCCESS
+            && n > 0;
+        let mut bin = vec![0u8; n];
+        let ok = got
+            && sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut std::ffi::c_char)
+                == sys::nvrtcResult::NVRTC_SUCCESS;
+        let _ = result::destroy_program(prog);
+        ok.then_some(bin)
+    };
+    out.ok_or_else(|| Error::Engine(format!("{file}: no cubin for {arch}")))
+}
+
 /// Compile every kernel for every architecture of [`ARCHS`]; an error names the first kernel
 /// that fails to compile or the first hot kernel (`HOT_KERNELS`) that spills registers.
 pub fn check_all() -> Result<Vec<CompileReport>> {

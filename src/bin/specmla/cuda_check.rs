@@ -12,6 +12,10 @@ pub struct CudaCheckArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also write every kernel's cubin as DIR/<file>.<arch>.cubin (for a GPU machine without
+    /// NVRTC: `specmla gpu-check --cubin-dir DIR`).
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: CudaCheckArgs) -> Result<()> {
@@ -21,6 +25,19 @@ pub fn run(a: CudaCheckArgs) -> Result<()> {
              directory on LD_LIBRARY_PATH (scripts/cuda-compile-check.sh does both)"
                 .into(),
         ));
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Io {
+            path: dir.clone(),
+            source: e,
+        })?;
+        for k in specmla::cuda::kernel_sources() {
+            for arch in specmla::cuda::ARCHS {
+                let bin = specmla::cuda::compile_cubin(k.file, &k.source, arch)?;
+                let p = dir.join(format!("{}.{arch}.cubin", k.file));
+                std::fs::write(&p, bin).map_err(|e| Error::Io { path: p, source: e })?;
+            }
+        }
     }
     for r in specmla::cuda::check_all()? {
         for f in &r.functions {

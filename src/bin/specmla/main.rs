@@ -7,6 +7,7 @@
 mod bench;
 mod cuda_check;
 mod generate;
+mod gpu_check;
 mod info;
 mod make_bench_model;
 mod quantize;
@@ -41,6 +42,8 @@ enum Cmd {
     MakeBenchModel(make_bench_model::MakeBenchModelArgs),
     /// Compile every CUDA kernel with NVRTC for each target architecture (registers, spills).
     CudaCheck(cuda_check::CudaCheckArgs),
+    /// On an NVIDIA GPU: every CUDA kernel against the CPU backend, batch invariance, bandwidth.
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 fn main() {
@@ -53,6 +56,7 @@ fn main() {
         Cmd::Quantize(a) => quantize::run(a),
         Cmd::MakeBenchModel(a) => make_bench_model::run(a),
         Cmd::CudaCheck(a) => cuda_check::run(a),
+        Cmd::GpuCheck(a) => gpu_check::run(a),
     };
     if let Err(e) = res {
         eprintln!("specmla: error: {e}");
