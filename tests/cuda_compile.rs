@@ -24,16 +24,7 @@ fn every_kernel_compiles_for_every_arch_without_hot_spills() {
     for r in &reports {
         for f in &r.functions {
             names.insert(f.name.clone());
-            eprintln!(
-                "{:<24} {:<8} regs {:>3}  smem {:>6} B  stack {:>4} B  spills {}/{} B",
-                f.name,
-                r.arch,
-                f.registers,
-                f.smem_bytes,
-                f.stack_bytes,
-                f.spill_store_bytes,
-                f.spill_load_bytes
-            );
+            eprintln!("{}", f.line(&r.arch));
             assert!(f.registers > 0, "{}: no register count parsed", f.name);
         }
     }

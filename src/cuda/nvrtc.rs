@@ -30,6 +30,22 @@ pub struct FunctionReport {
     pub spill_load_bytes: u32,
 }
 
+impl FunctionReport {
+    /// One line of the compile report: name, arch, registers, shared memory, stack, spills.
+    pub fn line(&self, arch: &str) -> String {
+        format!(
+            "{:<24} {:<8} regs {:>3}  smem {:>6} B  stack {:>4} B  spills {}/{} B",
+            self.name,
+            arch,
+            self.registers,
+            self.smem_bytes,
+            self.stack_bytes,
+            self.spill_store_bytes,
+            self.spill_load_bytes
+        )
+    }
+}
+
 /// One (file, architecture) compile.
 #[derive(Clone, Debug)]
 pub struct CompileReport {
@@ -72,9 +88,8 @@ pub fn parse_ptxas_log(log: &str) -> Vec<FunctionReport> {
     out
 }
 
-/// Compile `source` (named `file`) for `arch` with `-Xptxas=-v`; an NVRTC error (the log says
-/// why) is `Error::Engine` naming the file and architecture.
-pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
+/// A new NVRTC program of `source` (named `file`); the caller destroys it.
+fn program(file: &str, source: &str) -> Result<sys::nvrtcProgram> {
     if !available() {
         return Err(Error::Engine(
             "NVRTC is not available (libnvrtc.so not found on the library path)".into(),
@@ -83,8 +98,14 @@ pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
     let src = CString::new(source)
         .map_err(|_| Error::InvalidArgument(format!("{file}: a NUL byte in the source")))?;
     let name = CString::new(file).unwrap_or_default();
-    let prog = result::create_program(&src, Some(&name))
-        .map_err(|e| Error::Engine(format!("{file}: nvrtcCreateProgram: {e:?}")))?;
+    result::create_program(&src, Some(&name))
+        .map_err(|e| Error::Engine(format!("{file}: nvrtcCreateProgram: {e:?}")))
+}
+
+/// Compile `source` (named `file`) for `arch` with `-Xptxas=-v`; an NVRTC error (the log says
+/// why) is `Error::Engine` naming the file and architecture.
+pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
+    let prog = program(file, source)?;
     let opts = vec![
         format!("--gpu-architecture={arch}"),
         "-Xptxas=-v".to_string(),
@@ -116,16 +137,7 @@ pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
 /// Compile `source` to a cubin for `arch` (e.g. `sm_90`): what a device of that architecture
 /// loads without NVRTC or a JIT (`cuda-check --out DIR` writes them for every arch).
 pub fn compile_cubin(file: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
-    if !available() {
-        return Err(Error::Engine(
-            "NVRTC is not available (libnvrtc.so not found on the library path)".into(),
-        ));
-    }
-    let src = CString::new(source)
-        .map_err(|_| Error::InvalidArgument(format!("{file}: a NUL byte in the source")))?;
-    let name = CString::new(file).unwrap_or_default();
-    let prog = result::create_program(&src, Some(&name))
-        .map_err(|e| Error::Engine(format!("{file}: nvrtcCreateProgram: {e:?}")))?;
+    let prog = program(file, source)?;
     let opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),

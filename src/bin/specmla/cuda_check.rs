@@ -49,16 +49,7 @@ pub fn run(a: CudaCheckArgs) -> Result<()> {
                            "spill_store_bytes": f.spill_store_bytes, "spill_load_bytes": f.spill_load_bytes})
                 );
             } else {
-                println!(
-                    "{:<24} {:<8} regs {:>3}  smem {:>6} B  stack {:>4} B  spills {}/{} B",
-                    f.name,
-                    r.arch,
-                    f.registers,
-                    f.smem_bytes,
-                    f.stack_bytes,
-                    f.spill_store_bytes,
-                    f.spill_load_bytes
-                );
+                println!("{}", f.line(&r.arch));
             }
         }
     }
