@@ -200,6 +200,8 @@ pub fn gpu_check(gpu: &Gpu) -> Result<Vec<CheckLine>> {
         "codes / scales differing from the CPU cache".into(),
     ));
     out.extend(mla_checks(gpu, &mut r)?);
+    out.push(mha_check(gpu, &mut r)?);
+    out.push(experts_check(gpu, &mut r)?);
     out.push(route_check(gpu, &mut r)?);
     out.push(bandwidth(gpu, &mut r)?);
     Ok(out)
@@ -292,6 +294,97 @@ fn mla_checks(gpu: &Gpu, r: &mut Rand) -> Result<Vec<CheckLine>> {
         "a query alone == in the batch, bitwise".into(),
     ));
     Ok(lines)
+}
+
+/// Decompressed-MHA prefill: 37 prompt tokens at positions 100..137 of a 137-key sequence (the
+/// first 100 keys cached), 16 heads, q/k 192 and v 128 wide, against f64.
+fn mha_check(gpu: &Gpu, r: &mut Rand) -> Result<CheckLine> {
+    let (heads, dqk, dv, n_k, n_q) = (16usize, 192usize, 128usize, 137usize, 37usize);
+    let q = r.vec(n_q * heads * dqk, 0.4);
+    let k = r.vec(n_k * heads * dqk, 0.4);
+    let v = r.vec(n_k * heads * dv, 1.0);
+    let pos: Vec<i32> = (0..n_q as i32).map(|i| 100 + i).collect();
+    let scale = 1.0 / (dqk as f32).sqrt();
+    let got = gpu.mha_prefill(&q, &k, &v, &pos, heads, dqk, dv, scale)?;
+    let mut want = vec![0f32; n_q * heads * dv];
+    for t in 0..n_q {
+        for h in 0..heads {
+            let n = pos[t] as usize + 1;
+            let qr = &q[(t * heads + h) * dqk..(t * heads + h + 1) * dqk];
+            let sc: Vec<f64> = (0..n)
+                .map(|j| {
+                    let kr = &k[(j * heads + h) * dqk..(j * heads + h + 1) * dqk];
+                    qr.iter()
+                        .zip(kr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = p.iter().sum();
+            for d in 0..dv {
+                let o: f64 = (0..n)
+                    .map(|j| p[j] * v[(j * heads + h) * dv + d] as f64)
+                    .sum();
+                want[(t * heads + h) * dv + d] = (o / z) as f32;
+            }
+        }
+    }
+    Ok(line(
+        "mha_prefill_f32",
+        max_rel(&got, &want),
+        2e-5,
+        format!("{n_q} queries x {heads} heads over {n_k} keys vs f64"),
+    ))
+}
+
+/// Routed experts (8 experts, hidden 256, inter 128, 5 tokens x top 3) against the CPU matmul +
+/// SwiGLU + weighted sum.
+fn experts_check(gpu: &Gpu, r: &mut Rand) -> Result<CheckLine> {
+    let (e, hidden, inter, n, k) = (8usize, 256usize, 128usize, 5usize, 3usize);
+    let bits = |v: Vec<f32>| -> Vec<u16> { v.iter().map(|&x| f32_to_bf16(x)).collect() };
+    let gate = bits(r.vec(e * inter * hidden, 0.08));
+    let up = bits(r.vec(e * inter * hidden, 0.08));
+    let down = bits(r.vec(e * hidden * inter, 0.08));
+    let x = r.vec(n * hidden, 1.0);
+    let ex: Vec<i32> = (0..n * k).map(|a| ((a * 5 + a / k) % e) as i32).collect();
+    let w = r.vec(n * k, 0.5);
+    let got = gpu.moe_experts(&gate, &up, &down, &x, &ex, &w, hidden, inter, k)?;
+    let mut want = vec![0f32; n * hidden];
+    for t in 0..n {
+        let xt = &x[t * hidden..(t + 1) * hidden];
+        for s in 0..k {
+            let id = ex[t * k + s] as usize;
+            let mat = |b: &[u16], rows: usize, cols: usize| {
+                Matrix::from_bf16(
+                    rows,
+                    cols,
+                    b[id * rows * cols..(id + 1) * rows * cols].to_vec(),
+                )
+            };
+            let (mut g, mut u) = (vec![0f32; inter], vec![0f32; inter]);
+            matmul(&mat(&gate, inter, hidden), xt, 1, &mut g);
+            matmul(&mat(&up, inter, hidden), xt, 1, &mut u);
+            let hid: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(a, b)| a / (1.0 + (-a).exp()) * b)
+                .collect();
+            let mut y = vec![0f32; hidden];
+            matmul(&mat(&down, hidden, inter), &hid, 1, &mut y);
+            for (o, v) in want[t * hidden..(t + 1) * hidden].iter_mut().zip(&y) {
+                *o += w[t * k + s] * v;
+            }
+        }
+    }
+    Ok(line(
+        "moe experts (gate/up, down, combine)",
+        max_rel(&got, &want),
+        1e-5,
+        format!("{e} experts, hidden {hidden}, inter {inter}, {n} tokens x top {k} vs CPU"),
+    ))
 }
 
 /// Group-limited noaux_tc routing (256 experts, 8 groups, 4 kept, top 8) against a CPU loop.

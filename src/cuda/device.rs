@@ -312,6 +312,111 @@ impl Gpu {
         s.clone_dtoh(&out).map_err(drv)
     }
 
+    /// `mha_prefill_f32`. q: [n_q, H, dqk], k: [n_k, H, dqk], v: [n_k, H, dv] -> [n_q, H, dv]
+    #[allow(clippy::too_many_arguments)]
+    pub fn mha_prefill(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pos: &[i32],
+        heads: usize,
+        dqk: usize,
+        dv: usize,
+        scale: f32,
+    ) -> Result<Vec<f32>> {
+        if dqk > 256 || dv > 256 {
+            return Err(Error::InvalidArgument(format!(
+                "mha_prefill: head dims {dqk} / {dv} above 256"
+            )));
+        }
+        let n_q = pos.len();
+        let s = &self.stream;
+        let (dq, dk, dvv, dp) = (
+            s.clone_htod(q).map_err(drv)?,
+            s.clone_htod(k).map_err(drv)?,
+            s.clone_htod(v).map_err(drv)?,
+            s.clone_htod(pos).map_err(drv)?,
+        );
+        let mut out = s.alloc_zeros::<f32>(n_q * heads * dv).map_err(drv)?;
+        let (h, a, b) = (heads as i32, dqk as i32, dv as i32);
+        let mut lb = s.launch_builder(self.f("mha_prefill_f32")?);
+        lb.arg(&dq)
+            .arg(&dk)
+            .arg(&dvv)
+            .arg(&dp)
+            .arg(&mut out)
+            .arg(&h)
+            .arg(&a)
+            .arg(&b)
+            .arg(&scale);
+        // SAFETY: as the kernel's signature (kernels/mha_prefill.cu); dims checked above.
+        unsafe { lb.launch(cfg((n_q as u32, heads as u32, 1), 128)) }.map_err(drv)?;
+        s.clone_dtoh(&out).map_err(drv)
+    }
+
+    /// The three routed-expert stages (`kernels/moe_experts.cu`): gate/up/down: [E, inter,
+    /// hidden] / [E, inter, hidden] / [E, hidden, inter] bf16 bits; x: [n, hidden]; `ex`,
+    /// `w`: [n, top_k] token-major. -> [n, hidden]
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_experts(
+        &self,
+        gate: &[u16],
+        up: &[u16],
+        down: &[u16],
+        x: &[f32],
+        ex: &[i32],
+        w: &[f32],
+        hidden: usize,
+        inter: usize,
+        top_k: usize,
+    ) -> Result<Vec<f32>> {
+        let n = x.len() / hidden;
+        let na = ex.len();
+        if na != n * top_k || hidden % 8 != 0 || inter % 8 != 0 {
+            return Err(Error::InvalidArgument(
+                "moe_experts: ex must hold top_k entries per token; dims multiples of 8".into(),
+            ));
+        }
+        let tok: Vec<i32> = (0..na).map(|a| (a / top_k) as i32).collect();
+        let s = &self.stream;
+        let (dg, du, dd, dx) = (
+            s.clone_htod(gate).map_err(drv)?,
+            s.clone_htod(up).map_err(drv)?,
+            s.clone_htod(down).map_err(drv)?,
+            s.clone_htod(x).map_err(drv)?,
+        );
+        let (dt, de, dw) = (
+            s.clone_htod(&tok).map_err(drv)?,
+            s.clone_htod(ex).map_err(drv)?,
+            s.clone_htod(w).map_err(drv)?,
+        );
+        let mut hid = s.alloc_zeros::<f32>(na * inter).map_err(drv)?;
+        let mut y = s.alloc_zeros::<f32>(na * hidden).map_err(drv)?;
+        let mut out = s.alloc_zeros::<f32>(n * hidden).map_err(drv)?;
+        let (hh, ii, kk) = (hidden as i32, inter as i32, top_k as i32);
+        let mut b = s.launch_builder(self.f("moe_gate_up_bf16")?);
+        b.arg(&dg)
+            .arg(&du)
+            .arg(&dx)
+            .arg(&dt)
+            .arg(&de)
+            .arg(&mut hid)
+            .arg(&hh)
+            .arg(&ii);
+        // SAFETY: as the kernel's signature; expert ids index the weight stacks (caller).
+        unsafe { b.launch(cfg((inter.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
+        let mut b = s.launch_builder(self.f("moe_down_bf16")?);
+        b.arg(&dd).arg(&hid).arg(&de).arg(&mut y).arg(&hh).arg(&ii);
+        // SAFETY: as above.
+        unsafe { b.launch(cfg((hidden.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
+        let mut b = s.launch_builder(self.f("moe_combine")?);
+        b.arg(&y).arg(&dw).arg(&mut out).arg(&hh).arg(&kk);
+        // SAFETY: as above.
+        unsafe { b.launch(cfg((n as u32, 1, 1), 256)) }.map_err(drv)?;
+        s.clone_dtoh(&out).map_err(drv)
+    }
+
     /// `moe_route_noaux_tc`. logits: [n, E] -> (experts [n, k], weights [n, k])
     #[allow(clippy::too_many_arguments)]
     pub fn moe_route(
@@ -435,10 +540,14 @@ mod tests {
             "kv_write_bf16",
             "kv_write_fp8",
             "moe_route_noaux_tc",
+            "mha_prefill_f32",
+            "moe_gate_up_bf16",
+            "moe_down_bf16",
+            "moe_combine",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
         }
-        assert_eq!(names.len(), 10, "{names:?}");
+        assert_eq!(names.len(), 14, "{names:?}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub struct KernelSource {
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
-const FILES: [(&str, &str); 8] = [
+const FILES: [(&str, &str); 10] = [
     ("rmsnorm.cu", include_str!("../../kernels/rmsnorm.cu")),
     ("rope.cu", include_str!("../../kernels/rope.cu")),
     ("gemm_bf16.cu", include_str!("../../kernels/gemm_bf16.cu")),
@@ -21,16 +21,27 @@ const FILES: [(&str, &str); 8] = [
     ),
     ("kv_write.cu", include_str!("../../kernels/kv_write.cu")),
     ("moe_route.cu", include_str!("../../kernels/moe_route.cu")),
+    (
+        "mha_prefill.cu",
+        include_str!("../../kernels/mha_prefill.cu"),
+    ),
+    (
+        "moe_experts.cu",
+        include_str!("../../kernels/moe_experts.cu"),
+    ),
 ];
 
 /// Kernels on the decode path of every token: a register spill there is a compile-check failure.
-pub const HOT_KERNELS: [&str; 6] = [
+pub const HOT_KERNELS: [&str; 9] = [
     "rms_norm_f32",
     "gemm_bf16_smalln",
     "gemm_fp8_block_smalln",
     "mla_decode_split",
     "mla_decode_combine",
     "log_softmax_f32",
+    "moe_gate_up_bf16",
+    "moe_down_bf16",
+    "mha_prefill_f32",
 ];
 
 /// Every kernel file, ready for NVRTC.
