@@ -266,8 +266,16 @@ impl KvCache {
 
     /// Bytes of one block over every group and layer, as the tier stores it.
     fn block_bytes(&self) -> usize {
+        self.block_slots().map(|(p, n)| p.copy_len(n)).sum()
+    }
+
+    /// Every group's pool with its slots per block (the tier copies whole blocks).
+    fn block_slots(&self) -> impl Iterator<Item = (&KvPool, usize)> + '_ {
         let bs = self.cfg.block_size;
-        self.pools.iter().map(|p| p.copy_len(bs)).sum()
+        self.pools
+            .iter()
+            .zip(&self.cfg.groups)
+            .map(move |(p, g)| (p, g.kind.slots_per_block(bs)))
     }
 
     /// A fingerprint of the layout a tier file must match: block size, every group's kind,
@@ -289,10 +297,9 @@ impl KvCache {
 
     /// Block `b`'s bytes, every group and layer.
     fn block_data(&self, b: u32) -> Vec<u8> {
-        let bs = self.cfg.block_size;
         let mut out = Vec::with_capacity(self.block_bytes());
-        for p in &self.pools {
-            p.copy_out(b as usize * bs, bs, &mut out);
+        for (p, n) in self.block_slots() {
+            p.copy_out(b as usize * n, n, &mut out);
         }
         out
     }
@@ -859,8 +866,9 @@ impl KvCache {
                     break; // pool exhausted: the rest is recomputed
                 };
                 let mut off = 0;
-                for p in &mut self.pools {
-                    off += p.copy_in(b as usize * bs, bs, &data[off..]);
+                for (p, g) in self.pools.iter_mut().zip(&self.cfg.groups) {
+                    let n = g.kind.slots_per_block(bs);
+                    off += p.copy_in(b as usize * n, n, &data[off..]);
                 }
                 self.prefix.insert(b, h, parent, toks);
                 self.key2[b as usize] = h2;
