@@ -3,8 +3,8 @@
 // choices of each of `n_group` groups; keep the `topk_group` best groups; the `top_k` largest
 // choices among their experts are the token's experts; weights = their scores / sum * scale.
 // logits: [n, E] f32 (E <= 256, E % n_group == 0, n_group <= 32, top_k <= 32); bias: [E];
-// out_idx: [n, top_k] i32 (in
-// selection order); out_w: [n, top_k] f32. Launch: grid = ceil(n / 4), block = 128.
+// out_idx: [n, top_k] i32 (in selection order); out_w: [n, top_k] f32.
+// Launch: grid = ceil(n / 4), block = 128 (one warp per token).
 // Ties go to the lower index (group and expert), every step a fixed warp arg-max.
 #include "common.cuh"
 
