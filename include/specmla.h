@@ -306,7 +306,7 @@ typedef struct specmla_engine_params {
    * The target cache's second tier: evicted prefix blocks kept in `kv_offload_mem_bytes` of
    * host memory and, with `kv_offload_dir` (a NUL-terminated directory path), in a file there
    * that a later engine of the same model and cache layout restores from. Both unset
-   * (NULL, 0) = no tier (default). Not for DeepSeek-V4 targets yet.
+   * (NULL, 0) = no tier (default).
    */
   const char *kv_offload_dir;
   uint64_t kv_offload_mem_bytes;

@@ -6,7 +6,8 @@
 //!   tokens for the shared prompts and produces identical outputs; a truncated file, and a file
 //!   written for another model put in its place, are ignored (counted in the metrics), never
 //!   trusted, and outputs stay identical;
-//! - a V4 target (sliding-window class) refuses the tier with the field named.
+//! - a V4 target (sliding-window class): records carry the window-class rows, restored prefix
+//!   hits get their lookback, outputs bitwise equal across engines and after evictions.
 
 mod common;
 
@@ -230,13 +231,72 @@ fn the_prefix_cache_outlives_the_process_and_bad_files_are_ignored() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// DeepSeek-V4 (sliding-window class): a record carries the block's window-class rows too, so
+/// a prefix hit restored from the tier also gets its lookback; a second engine on the same
+/// directory, and one engine whose small pools evict, both match plain decoding bitwise.
 #[test]
-fn a_v4_target_refuses_the_tier() {
-    let mut c = spec_test_cfg(SpecMode::Fixed(0));
-    c.kv_offload = Some(TierConfig::default());
-    let err = Engine::new(&repo().join("models/golden/v4_mixed"), DraftSource::None, c)
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(err.contains("kv_offload"), "{err}");
+fn a_v4_target_restores_prefixes_and_their_window_rows() {
+    let v4 = repo().join("models/golden/v4_mixed");
+    // prompts of 40-70 tokens: several 8-token blocks, windows (8) and compression blocks (4, 8)
+    let reqs: Vec<Request> = common::budget_requests(10, 0x7a3, 40, 10, &[11, 12])
+        .into_iter()
+        .map(|mut r| {
+            if let Prompt::Tokens(t) = &mut r.prompt {
+                let extra: Vec<u32> = t.iter().map(|&x| 13 + (x * 7) % 115).collect();
+                t.splice(0..0, extra.into_iter().chain((0..24).map(|i| 13 + i)));
+            }
+            r
+        })
+        .collect();
+    let mut c = spec_test_cfg(SpecMode::Fixed(2));
+    c.block_size = 8;
+    let base = common::plain_outputs(&v4, &reqs);
+    let d = tmp("v4");
+    c.kv_offload = Some(TierConfig {
+        mem_bytes: 0,
+        dir: Some(d.clone()),
+        ..Default::default()
+    });
+    let first = Engine::new(&v4, DraftSource::Ngram { min_n: 1, max_n: 3 }, c.clone()).unwrap();
+    assert_same_outputs(
+        "v4 first engine",
+        &base,
+        &run_checked(&first, reqs.clone(), &[]),
+        &reqs,
+    );
+    drop(first);
+    let second = Engine::new(&v4, DraftSource::Ngram { min_n: 1, max_n: 3 }, c.clone()).unwrap();
+    let got = run_checked(&second, reqs.clone(), &[]);
+    assert_same_outputs("v4 restored from the file", &base, &got, &reqs);
+    let t = second.stats().kv.tier.expect("tier");
+    let cached: u64 = got.iter().map(|o| o.counters.cached_prompt_tokens).sum();
+    assert!(
+        t.restored_blocks > 0 && cached > 0,
+        "{t:?}, cached {cached}"
+    );
+    // memory tier with pools small enough to evict between the two passes
+    c.kv_offload = Some(TierConfig {
+        mem_bytes: 64 << 20,
+        dir: None,
+        ..Default::default()
+    });
+    c.num_blocks = 48;
+    c.max_batch_tokens = 64;
+    c.max_running = 2;
+    let e = Engine::new(&v4, DraftSource::None, c).unwrap();
+    assert_same_outputs(
+        "v4 memory, pass 1",
+        &base,
+        &run_checked(&e, reqs.clone(), &[]),
+        &reqs,
+    );
+    assert_same_outputs(
+        "v4 memory, pass 2",
+        &base,
+        &run_checked(&e, reqs.clone(), &[]),
+        &reqs,
+    );
+    let t = e.stats().kv.tier.expect("tier");
+    assert!(t.offloaded_blocks > 0 && t.restored_blocks > 0, "{t:?}");
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -89,7 +89,7 @@ pub struct EngineParams {
     /// The target cache's second tier: evicted prefix blocks kept in `kv_offload_mem_bytes` of
     /// host memory and, with `kv_offload_dir` (a NUL-terminated directory path), in a file there
     /// that a later engine of the same model and cache layout restores from. Both unset
-    /// (NULL, 0) = no tier (default). Not for DeepSeek-V4 targets yet.
+    /// (NULL, 0) = no tier (default).
     pub kv_offload_dir: *const c_char,
     pub kv_offload_mem_bytes: u64,
 }

@@ -8,6 +8,10 @@
 //! it evicts a cached block, `persist` when it publishes one, `restore` when a prefix match runs
 //! past the blocks still in the pool. `disk.rs` is the file format.
 //!
+//! With a sliding-window class (V4) a record also carries the block's window-class rows (K=V
+//! rows, compressor inputs) when they were still held, so a restored hit gets its lookback; a
+//! hit whose lookback rows are neither in the window pool nor in a record is cut shorter.
+//!
 //! Guarantees: a block is keyed by two independent 64-bit chain hashes of its whole prefix and
 //! verified against its own tokens before it is used, so a restored block holds exactly the KV
 //! a recompute would write (the bytes as stored, every group and layer): outputs are bitwise the
