@@ -56,7 +56,7 @@ impl Gpu {
         let mut funcs = HashMap::new();
         for k in kernel_sources() {
             let bin = if super::nvrtc::available() {
-                super::nvrtc::compile_cubin(k.file, &k.source, &arch)?
+                super::nvrtc::compile(k.file, &k.source, &arch)?.cubin
             } else {
                 let dir = cubin_dir.ok_or_else(|| {
                     Error::Engine(

@@ -20,6 +20,4 @@ pub mod nvrtc;
 
 pub use device::Gpu;
 pub use kernels::{kernel_sources, KernelSource, HOT_KERNELS};
-pub use nvrtc::{
-    available, check_all, compile, compile_cubin, CompileReport, FunctionReport, ARCHS,
-};
+pub use nvrtc::{available, check_all, compile, CompileReport, FunctionReport, ARCHS};

@@ -53,6 +53,8 @@ pub struct CompileReport {
     pub arch: String,
     pub functions: Vec<FunctionReport>,
     pub log: String,
+    /// The compiled cubin.
+    pub cubin: Vec<u8>,
 }
 
 fn number_before(s: &str, unit: &str) -> Option<u32> {
@@ -102,8 +104,9 @@ fn program(file: &str, source: &str) -> Result<sys::nvrtcProgram> {
         .map_err(|e| Error::Engine(format!("{file}: nvrtcCreateProgram: {e:?}")))
 }
 
-/// Compile `source` (named `file`) for `arch` with `-Xptxas=-v`; an NVRTC error (the log says
-/// why) is `Error::Engine` naming the file and architecture.
+/// Compile `source` (named `file`) for `arch` (e.g. `sm_90`) with `-Xptxas=-v`: the resource
+/// report and the cubin a device of that architecture loads without NVRTC or a JIT. An NVRTC
+/// error (the log says why) is `Error::Engine` naming the file and architecture.
 pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
     let prog = program(file, source)?;
     let opts = vec![
@@ -112,52 +115,45 @@ pub fn compile(file: &str, source: &str, arch: &str) -> Result<CompileReport> {
         "--std=c++17".to_string(),
         "-default-device".to_string(),
     ];
-    // SAFETY: `prog` is a live program; the log is read before it is destroyed.
-    let compiled = unsafe { result::compile_program(prog, &opts) };
-    // SAFETY: as above.
-    let log = unsafe { result::get_program_log(prog) }
-        .map(|v| v.iter().map(|&c| c as u8 as char).collect::<String>())
-        .unwrap_or_default();
-    // SAFETY: destroyed once, after its last use.
-    let _ = unsafe { result::destroy_program(prog) };
+    // SAFETY: `prog` is live until the destroy below; the log and the cubin are read before it,
+    // the cubin buffer with the size NVRTC gave.
+    let (compiled, log, cubin) = unsafe {
+        let compiled = result::compile_program(prog, &opts).is_ok();
+        let log = result::get_program_log(prog)
+            .map(|v| v.iter().map(|&c| c as u8 as char).collect::<String>())
+            .unwrap_or_default();
+        let mut n = 0usize;
+        let mut cubin = Vec::new();
+        if compiled
+            && sys::nvrtcGetCUBINSize(prog, &mut n) == sys::nvrtcResult::NVRTC_SUCCESS
+            && n > 0
+        {
+            cubin = vec![0u8; n];
+            if sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char)
+                != sys::nvrtcResult::NVRTC_SUCCESS
+            {
+                cubin.clear();
+            }
+        }
+        let _ = result::destroy_program(prog);
+        (compiled, log, cubin)
+    };
     let log = log.trim_end_matches('\0').to_string();
-    if compiled.is_err() {
+    if !compiled {
         return Err(Error::Engine(format!(
             "{file} does not compile for {arch}:\n{log}"
         )));
+    }
+    if cubin.is_empty() {
+        return Err(Error::Engine(format!("{file}: no cubin for {arch}")));
     }
     Ok(CompileReport {
         file: file.to_string(),
         arch: arch.to_string(),
         functions: parse_ptxas_log(&log),
         log,
+        cubin,
     })
-}
-
-/// Compile `source` to a cubin for `arch` (e.g. `sm_90`): what a device of that architecture
-/// loads without NVRTC or a JIT (`cuda-check --out DIR` writes them for every arch).
-pub fn compile_cubin(file: &str, source: &str, arch: &str) -> Result<Vec<u8>> {
-    let prog = program(file, source)?;
-    let opts = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-        "-default-device".to_string(),
-    ];
-    // SAFETY: `prog` is live until the destroy below; the cubin buffer has the size NVRTC gave.
-    let out = unsafe {
-        let compiled = result::compile_program(prog, &opts);
-        let mut n = 0usize;
-        let got = compiled.is_ok()
-            && sys::nvrtcGetCUBINSize(prog, &mut n) == sys::nvrtcResult::NVRTC_SUCCESS
-            && n > 0;
-        let mut bin = vec![0u8; n];
-        let ok = got
-            && sys::nvrtcGetCUBIN(prog, bin.as_mut_ptr() as *mut std::ffi::c_char)
-                == sys::nvrtcResult::NVRTC_SUCCESS;
-        let _ = result::destroy_program(prog);
-        ok.then_some(bin)
-    };
-    out.ok_or_else(|| Error::Engine(format!("{file}: no cubin for {arch}")))
 }
 
 /// Compile every kernel for every architecture of [`ARCHS`]; an error names the first kernel

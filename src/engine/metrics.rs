@@ -169,6 +169,15 @@ pub fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// `,arm="..."` for an A/B arm's series; nothing for "" (no A/B drafter).
+fn arm_label(a: &str) -> String {
+    if a.is_empty() {
+        String::new()
+    } else {
+        format!(",arm=\"{}\"", escape(a))
+    }
+}
+
 /// What the exposition needs beyond `Metrics`.
 pub struct Snapshot<'a> {
     pub metrics: &'a Metrics,
@@ -258,12 +267,11 @@ pub fn render(s: &Snapshot) -> String {
         ),
     ];
     let key = |(l, g, a): &BucketKey| {
-        let arm = if a.is_empty() {
-            String::new()
-        } else {
-            format!(",arm=\"{}\"", escape(a))
-        };
-        format!("label=\"{}\",draft_generation=\"{g}\"{arm}", escape(l))
+        format!(
+            "label=\"{}\",draft_generation=\"{g}\"{}",
+            escape(l),
+            arm_label(a)
+        )
     };
     for (name, help, f) in counters {
         let _ = writeln!(out, "# HELP specmla_{name} {help}");
@@ -311,15 +319,10 @@ pub fn render(s: &Snapshot) -> String {
         "# TYPE specmla_time_per_output_token_seconds histogram"
     );
     for ((l, a), h) in &s.metrics.tpot {
-        let arm = if a.is_empty() {
-            String::new()
-        } else {
-            format!(",arm=\"{}\"", escape(a))
-        };
         h.render(
             &mut out,
             "specmla_time_per_output_token_seconds",
-            &format!("label=\"{}\"{arm}", escape(l)),
+            &format!("label=\"{}\"{}", escape(l), arm_label(a)),
         );
     }
     let _ = writeln!(

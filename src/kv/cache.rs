@@ -948,10 +948,10 @@ impl KvCache {
         for toks in tokens.chunks_exact(bs).take(n_full).skip(held) {
             let h = self.prefix.hash(prev, toks);
             let h2 = self.prefix.hash2(prev2, toks);
-            let tier = self.tier.as_mut().expect("tier");
-            if self.prefix.contains_hash(h) || !tier.has(&(h, h2)) {
+            if self.prefix.contains_hash(h) {
                 break;
             }
+            let tier = self.tier.as_mut().expect("tier");
             let Some(data) = tier.restore((h, h2), toks) else {
                 break;
             };

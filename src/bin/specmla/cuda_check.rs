@@ -31,15 +31,12 @@ pub fn run(a: CudaCheckArgs) -> Result<()> {
             path: dir.clone(),
             source: e,
         })?;
-        for k in specmla::cuda::kernel_sources() {
-            for arch in specmla::cuda::ARCHS {
-                let bin = specmla::cuda::compile_cubin(k.file, &k.source, arch)?;
-                let p = dir.join(format!("{}.{arch}.cubin", k.file));
-                std::fs::write(&p, bin).map_err(|e| Error::Io { path: p, source: e })?;
-            }
-        }
     }
     for r in specmla::cuda::check_all()? {
+        if let Some(dir) = &a.out {
+            let p = dir.join(format!("{}.{}.cubin", r.file, r.arch));
+            std::fs::write(&p, &r.cubin).map_err(|e| Error::Io { path: p, source: e })?;
+        }
         for f in &r.functions {
             if a.json {
                 println!(

@@ -203,11 +203,6 @@ impl KvTier {
         }
     }
 
-    /// Whether the tier may hold `key` (cheap; `restore` verifies).
-    pub(crate) fn has(&self, key: &TierKey) -> bool {
-        self.mem.contains_key(key) || self.on_disk(key)
-    }
-
     /// The bytes of the block with `key` whose tokens are `tokens`, if the tier holds it (from
     /// memory, else from the file, verified).
     pub(crate) fn restore(&mut self, key: TierKey, tokens: &[u32]) -> Option<Vec<u8>> {
