@@ -215,6 +215,25 @@ pub fn run(
     }
     let rss = super::rss_bytes();
 
+    // ---- interleaved roofline: [bandwidth probe, batch-1 decode] per round, after the RSS
+    // reading (the probe's buffer is not part of the engine's footprint). A noisy host changes
+    // its bandwidth from one minute to the next; the probe right before each decode run is
+    // the bandwidth that run had.
+    let rounds = a.roofline_rounds.unwrap_or(if a.quick { 2 } else { 5 });
+    let mut interleaved = Vec::new(); // (probe bytes/s, step seconds)
+    if rounds > 0 {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::Engine(format!("thread pool: {e}")))?;
+        for r in 0..rounds {
+            progress(&format!("roofline round {}/{rounds}: probe, then {decode_steps} decode steps", r + 1));
+            let bw_r = pool.install(|| measure_read_bandwidth(probe_bytes, 3));
+            let d = decode(&engine, 1, decode_prompt_len, warmup, decode_steps, vocab, lo, a.seed + 5000 + r as u64)?;
+            interleaved.push((bw_r, d.secs / d.steps as f64, d.mean_ctx));
+        }
+    }
+
     // ---- report
     let b1 = decodes.iter().find(|d| d.batch == 1);
     let roof = b1.map(|d| {
@@ -327,6 +346,25 @@ pub fn run(
             100.0 * (model_bytes as f64 + kv_read) / step / bw
         );
     }
+    let inter_fracs: Vec<f64> = interleaved
+        .iter()
+        .map(|&(bw_r, step, ctx)| (model_bytes as f64 + ctx * kv_bpt as f64) / step / bw_r)
+        .collect();
+    if !interleaved.is_empty() {
+        let cells: Vec<String> = interleaved
+            .iter()
+            .zip(&inter_fracs)
+            .map(|(&(bw_r, step, _), f)| format!("{:.1} GB/s {:.1} ms {:.1}%", bw_r / 1e9, 1e3 * step, 100.0 * f))
+            .collect();
+        text += &format!(
+            "batch-1 roofline, interleaved ({} rounds of probe + {decode_steps} steps): median {:.1}% of the bandwidth probed just before (min {:.1}%, max {:.1}%): {}\n",
+            interleaved.len(),
+            100.0 * super::percentile(&inter_fracs, 50.0),
+            100.0 * inter_fracs.iter().copied().fold(f64::INFINITY, f64::min),
+            100.0 * inter_fracs.iter().copied().fold(0.0, f64::max),
+            cells.join("; ")
+        );
+    }
     if let Some((hwm, now)) = rss {
         text += &format!(
             "memory: peak RSS {:.2} GB, RSS now {:.2} GB; weights {:.2} GB, KV pool {:.2} GB\n",
@@ -368,6 +406,10 @@ pub fn run(
             "tokens_per_s": d.tokens as f64 / d.secs, "ms_per_step_mean": 1e3 * d.secs / d.steps as f64,
             "ms_per_step_p50": 1e3 * d.step_p50_s, "mean_context": d.mean_ctx,
         })).collect::<Vec<_>>(),
+        "batch1_roofline_interleaved": interleaved.iter().zip(&inter_fracs).map(|(&(bw_r, step, ctx), f)| json!({
+            "read_bandwidth_bytes_per_s": bw_r, "step_s": step, "mean_context": ctx, "bandwidth_fraction": f,
+        })).collect::<Vec<_>>(),
+        "batch1_roofline_interleaved_median": (!inter_fracs.is_empty()).then(|| super::percentile(&inter_fracs, 50.0)),
         "batch1_roofline": roof.map(|(bytes, kv_read, frac)| json!({
             "bytes_per_step": bytes, "kv_bytes_per_step": kv_read, "bandwidth_fraction": frac,
         })),

@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// average out a noisy machine (each costs one step at that context).
     #[arg(long)]
     pub long_steps: Option<usize>,
+    /// Rounds of the interleaved batch-1 roofline measurement (default 5; 2 with --quick; 0 to
+    /// skip): each round probes the read bandwidth, then times decode steps right after it, so
+    /// the bandwidth fraction compares the two under the same host conditions.
+    #[arg(long)]
+    pub roofline_rounds: Option<usize>,
     /// Workload prompts per speculation run (default 32; 8 with --quick).
     #[arg(long)]
     pub prompts: Option<usize>,
