@@ -10,6 +10,7 @@
 //! their NVRTC compile check; `ffi` is the C ABI.
 //! See docs/ARCHITECTURE.md.
 
+pub mod backend;
 pub mod config;
 pub mod cuda;
 pub mod engine;

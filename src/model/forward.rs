@@ -1,16 +1,17 @@
 //! The forward pass over a flattened ragged batch, and one decoder layer of it (shared with the
-//! MTP drafter, whose layer is a decoder layer over its own one-layer cache).
+//! MTP drafter, whose layer is a decoder layer over its own one-layer cache). The order of
+//! operations lives here; every operator is a `backend::Backend` op (`forward_on`), the CPU's by
+//! default (`forward_out`).
 
+use crate::backend::{Backend, CpuBackend};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::kernels::{for_each_row, matmul, matrix_row_f32, rms_norm};
+use crate::kernels::{for_each_row, rms_norm};
 use crate::kv::KvCache;
 
-use super::attention::mla_attention;
 use super::batch::{LogitsMode, SeqChunk};
-use super::moe::{mlp, moe};
 use super::rope::Rope;
-use super::weights::{DecoderLayer, Ffn, Model};
+use super::weights::{DecoderLayer, Model};
 
 /// What a forward returns besides the KV it wrote.
 pub struct ForwardOut {
@@ -25,45 +26,51 @@ pub struct ForwardOut {
     pub weight_bytes: u64,
 }
 
-/// One decoder layer over the batch: x += attn(norm(x)); x += ffn(norm(x)). `kv_layer` is the
-/// layer's index in `kv`; `xn` is scratch for the normed rows (reused across layers). Adds the
-/// weight bytes it read to `bytes`. x, xn: [n, hidden].
+/// One decoder layer over the batch: x += attn(norm(x)); x += ffn(norm(x)), on the CPU. `kv_layer`
+/// is the layer's index in `kv`. Adds the weight bytes it read to `bytes`. x: [n, hidden].
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer(
     cfg: &ModelConfig,
     rope: &Rope,
     layer: &DecoderLayer,
     kv_layer: usize,
-    x: &mut [f32],
-    xn: &mut [f32],
+    x: &mut Vec<f32>,
     pos: &[usize],
     chunks: &[SeqChunk],
     kv: &mut KvCache,
     bytes: &mut u64,
 ) {
+    decoder_layer_on(&CpuBackend, cfg, rope, layer, kv_layer, x, pos, chunks, kv, bytes)
+        .expect("the CPU backend's ops do not fail");
+}
+
+/// [`decoder_layer`] through any backend. x: [n, hidden] in the backend's memory.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decoder_layer_on<B: Backend>(
+    b: &B,
+    cfg: &ModelConfig,
+    rope: &Rope,
+    layer: &DecoderLayer,
+    kv_layer: usize,
+    x: &mut B::Act,
+    pos: &[usize],
+    chunks: &[SeqChunk],
+    kv: &mut KvCache,
+    bytes: &mut u64,
+) -> Result<()> {
     let n = pos.len();
-    norm_rows(x, &layer.input_norm, cfg.rms_norm_eps, xn);
-    let a = mla_attention(cfg, rope, &layer.attn, kv_layer, xn, pos, chunks, kv);
-    x.iter_mut().zip(&a).for_each(|(x, a)| *x += a);
-    norm_rows(x, &layer.post_norm, cfg.rms_norm_eps, xn);
+    let xn = b.rms_norm(x, n, &layer.input_norm, cfg.rms_norm_eps)?; // [n, hidden]
+    let a = b.attention(cfg, rope, &layer.attn, kv_layer, &xn, pos, chunks, kv)?; // [n, hidden]
+    b.add_assign(x, &a)?;
+    let xn = b.rms_norm(x, n, &layer.post_norm, cfg.rms_norm_eps)?; // [n, hidden]
     let mha = chunks.iter().any(|c| c.start < c.mha_until);
     let absorbed = chunks
         .iter()
         .any(|c| c.start + c.tokens.len() > c.mha_until);
     *bytes += layer.attn_bytes(mha, absorbed) as u64;
-    let y = match &layer.ffn {
-        Ffn::Dense(e) => {
-            *bytes += e.nbytes() as u64;
-            mlp(e, &xn, n)
-        }
-        Ffn::Moe(m) => {
-            let moe_cfg = cfg.moe.as_ref().expect("MoE layer without MoE config");
-            let (y, b) = moe(m, moe_cfg, cfg.model_type, &xn, n);
-            *bytes += b as u64;
-            y
-        }
-    };
-    x.iter_mut().zip(&y).for_each(|(x, y)| *x += y);
+    let (y, fb) = b.ffn(cfg, &layer.ffn, &xn, n)?; // [n, hidden]
+    *bytes += fb as u64;
+    b.add_assign(x, &y)
 }
 
 impl Model {
@@ -75,24 +82,49 @@ impl Model {
     }
 
     /// [`Model::forward`] returning the final-norm hidden states of every token too (when
-    /// `want_hidden`) and the weight bytes the forward needed.
+    /// `want_hidden`) and the weight bytes the forward needed. On the CPU backend (DeepSeek-V4
+    /// models take their own forward, `model::v4`).
     pub fn forward_out(
         &self,
         kv: &mut KvCache,
         chunks: &[SeqChunk],
         want_hidden: bool,
     ) -> Result<ForwardOut> {
+        if let Some(v4) = &self.v4 {
+            self.check_kv(kv)?;
+            return super::v4::v4_forward(self, v4, kv, chunks, want_hidden);
+        }
+        self.forward_on(&CpuBackend, kv, chunks, want_hidden)
+    }
+
+    fn check_kv(&self, kv: &KvCache) -> Result<()> {
         let cfg = &self.config;
-        let h = cfg.hidden_size;
-        let vocab = cfg.vocab_size;
-        let kc = kv.config();
-        if !kc.matches(cfg, cfg.num_hidden_layers) {
+        if !kv.config().matches(cfg, cfg.num_hidden_layers) {
             return Err(Error::InvalidArgument(
                 "KV cache layout does not match the model".into(),
             ));
         }
-        if let Some(v4) = &self.v4 {
-            return super::v4::v4_forward(self, v4, kv, chunks, want_hidden);
+        Ok(())
+    }
+
+    /// The V2 / V3 / V3.2 forward through backend `b` (the seam: every operator is one of
+    /// `b`'s; the order of operations is this function's). Same contract as
+    /// [`Model::forward_out`]; a V4 model is refused (its forward is CPU-only, `model::v4`).
+    pub fn forward_on<B: Backend>(
+        &self,
+        b: &B,
+        kv: &mut KvCache,
+        chunks: &[SeqChunk],
+        want_hidden: bool,
+    ) -> Result<ForwardOut> {
+        let cfg = &self.config;
+        let vocab = cfg.vocab_size;
+        self.check_kv(kv)?;
+        if self.v4.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "DeepSeek-V4 models run on the CPU backend only, not on {}",
+                b.name()
+            )));
         }
         let (tokens, pos) = flatten(chunks, vocab)?; // [n], [n]
         let n = tokens.len();
@@ -100,37 +132,21 @@ impl Model {
             return Ok(ForwardOut::empty());
         }
         let mut bytes = (n * self.embed.nbytes() / self.embed.rows.max(1)) as u64;
-        let mut x = vec![0f32; n * h]; // [n, hidden]
-        for_each_row(&mut x, h, n * h, |i, row| {
-            matrix_row_f32(&self.embed, tokens[i] as usize, row)
-        });
-        let mut xn = vec![0f32; n * h]; // [n, hidden]
+        let mut x = b.embed(&self.embed, &tokens)?; // [n, hidden]
         for (li, layer) in self.layers.iter().enumerate() {
-            decoder_layer(
-                cfg, &self.rope, layer, li, &mut x, &mut xn, &pos, chunks, kv, &mut bytes,
-            );
+            decoder_layer_on(b, cfg, &self.rope, layer, li, &mut x, &pos, chunks, kv, &mut bytes)?;
         }
-        // Final norm: every row when the caller wants the hidden states (the logit rows are
-        // taken from them), else only the logit rows.
         let rows = logit_rows(chunks);
-        let hidden = if want_hidden {
-            norm_rows(&x, &self.norm, cfg.rms_norm_eps, &mut xn);
-            xn
-        } else {
-            Vec::new()
-        };
-        let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
-        for (i, &r) in rows.iter().enumerate() {
-            let o = &mut hs[i * h..(i + 1) * h];
-            if want_hidden {
-                o.copy_from_slice(&hidden[r * h..(r + 1) * h]);
-            } else {
-                rms_norm(&x[r * h..(r + 1) * h], &self.norm, cfg.rms_norm_eps, o);
-            }
-        }
-        let mut logits = vec![0f32; rows.len() * vocab]; // [n_rows, vocab]
+        let (logits, hidden) = b.logits(
+            &x,
+            n,
+            &self.norm,
+            cfg.rms_norm_eps,
+            self.lm_head(),
+            &rows,
+            want_hidden,
+        )?; // [n_rows, vocab], [n, hidden] or empty
         if !rows.is_empty() {
-            matmul(self.lm_head(), &hs, rows.len(), &mut logits);
             bytes += self.lm_head().nbytes() as u64;
         }
         Ok(ForwardOut {

@@ -10,12 +10,12 @@
 //! per-element reduction order, and the attention path of a token depends only on its own sequence
 //! (`SeqChunk::mha_until`), never on the batch.
 
-mod attention;
+pub(crate) mod attention;
 pub mod batch;
-mod forward;
+pub(crate) mod forward;
 mod indexer;
 mod load;
-mod moe;
+pub(crate) mod moe;
 mod mtp;
 pub mod rope;
 mod v4;

@@ -18,7 +18,7 @@ use super::weights::{Expert, Moe};
 /// Tokens per pass of an MLP: its [n, inter] intermediates stay bounded for long prompts.
 const MLP_TOKEN_CHUNK: usize = 512;
 
-pub(super) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
+pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
     if n > MLP_TOKEN_CHUNK {
         // Long prompts: bounded intermediates (rows are independent, so the bits are the same).
         let h = e.gate.cols;
@@ -42,7 +42,7 @@ pub(super) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
 }
 
 /// Expert choice of one token: (expert ids ascending, weights).
-pub(super) fn route(
+pub(crate) fn route(
     cfg: &MoeConfig,
     model_type: ModelType,
     logits: &[f32],
@@ -130,7 +130,7 @@ pub(super) fn top_k_desc(v: &[f32], k: usize) -> Vec<usize> {
 
 /// MoE block. x: [n, hidden] -> ([n, hidden], weight bytes read: router, shared experts and
 /// the union of the routed experts the tokens selected — each read once for all its tokens).
-pub(super) fn moe(
+pub(crate) fn moe(
     m: &Moe,
     cfg: &MoeConfig,
     model_type: ModelType,

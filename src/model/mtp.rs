@@ -84,10 +84,9 @@ impl Model {
         }
         let mut x = vec![0f32; n * h]; // [n, hidden]
         matmul(&mtp.eh_proj, &cat, n, &mut x);
-        let mut xn = vec![0f32; n * h]; // [n, hidden] scratch
         let mut bytes = 0u64; // (the MTP drafter's bytes are costed by the bench, not counted here)
         decoder_layer(
-            cfg, &self.rope, &mtp.layer, 0, &mut x, &mut xn, &pos, chunks, kv, &mut bytes,
+            cfg, &self.rope, &mtp.layer, 0, &mut x, &pos, chunks, kv, &mut bytes,
         );
         let rows = logit_rows(chunks);
         let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
