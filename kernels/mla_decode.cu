@@ -4,16 +4,17 @@
 // head h: scores s_j = scale * (q_lat[t, h] . c_kv[j] + q_pe[t, h] . k_pe[j]) over the keys
 // j <= pos[t] of the token's sequence, softmax, out[t, h] = sum_j p_j c_kv[j] (the latent
 // context; the caller applies W_UV and o_proj).
-// cache: [num_blocks, block_size, 576] bf16 ([c_kv 512 | k_pe 64] per slot);
+// lat / rope: the latent and rope widths (at most 512 / 64: DeepSeek V2 / V3 use exactly that);
+// cache: [num_blocks, block_size, lat + rope] bf16 ([c_kv | k_pe] per slot);
 // block_table: [n_seqs, max_blocks] i32; q_seq: [n_q] i32 (the token's sequence); q_pos: [n_q]
-// i32 (its position: it sees keys 0..=pos); q_lat: [n_q, H, 512] f32; q_pe: [n_q, H, 64] f32.
+// i32 (its position: it sees keys 0..=pos); q_lat: [n_q, H, lat] f32; q_pe: [n_q, H, rope] f32.
 //
 // Pass 1 (`mla_decode_split`): grid = (n_q, H, n_splits), block = 128; split s covers keys
 // [s * SPLIT, (s + 1) * SPLIT): the split size is a constant, so how a token's keys are split
 // depends only on its own position — never on the batch. Each block writes its split's max m,
 // sum l = sum exp(s_j - m) and acc[512] = sum exp(s_j - m) c_kv[j] (keys in increasing order).
 // Pass 2 (`mla_decode_combine`): grid = (n_q, H), block = 128: splits merged in increasing
-// order. Partials: part_ml [n_q, H, n_splits, 2], part_acc [n_q, H, n_splits, 512] f32.
+// order. Partials: part_ml [n_q, H, n_splits, 2], part_acc [n_q, H, n_splits, lat] f32.
 // Reads: pass 1 reads each key row once for the scores and once (from L1 / L2) for the values.
 #include "common.cuh"
 
@@ -28,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
                      int max_blocks, int block_size, const int* __restrict__ q_seq,
                      const int* __restrict__ q_pos, const float* __restrict__ q_lat,
                      const float* __restrict__ q_pe, float scale, int heads, int n_splits,
-                     float* __restrict__ part_ml, float* __restrict__ part_acc) {
+                     int lat, int rope, float* __restrict__ part_ml, float* __restrict__ part_acc) {
   __shared__ float q[MLA_ROW];
   __shared__ float p[MLA_SPLIT];
   __shared__ float scratch[32];
@@ -44,19 +45,20 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
       part_ml[2 * part] = SPECMLA_NEG_INF;
       part_ml[2 * part + 1] = 0.f;
     }
-    for (int d = threadIdx.x; d < MLA_LAT; d += MLA_THREADS) part_acc[part * MLA_LAT + d] = 0.f;
+    for (int d = threadIdx.x; d < lat; d += MLA_THREADS) part_acc[part * lat + d] = 0.f;
     return;
   }
-  const float* ql = q_lat + ((size_t)t * heads + h) * MLA_LAT;
-  const float* qp = q_pe + ((size_t)t * heads + h) * MLA_ROPE;
-  for (int d = threadIdx.x; d < MLA_ROW; d += MLA_THREADS) q[d] = d < MLA_LAT ? ql[d] : qp[d - MLA_LAT];
+  const int row_w = lat + rope;
+  const float* ql = q_lat + ((size_t)t * heads + h) * lat;
+  const float* qp = q_pe + ((size_t)t * heads + h) * rope;
+  for (int d = threadIdx.x; d < row_w; d += MLA_THREADS) q[d] = d < lat ? ql[d] : qp[d - lat];
   __syncthreads();
   const int* bt = block_table + (size_t)seq * max_blocks;
   // scores: warp w takes keys k0 + w, k0 + w + 4, ...; lane l the dims l, l + 32, ... of a row
   for (int j = k0 + warp; j < k1; j += MLA_THREADS / 32) {
-    const bf16_t* row = cache + ((size_t)bt[j / block_size] * block_size + j % block_size) * MLA_ROW;
+    const bf16_t* row = cache + ((size_t)bt[j / block_size] * block_size + j % block_size) * row_w;
     float s = 0.f;
-    for (int d = lane; d < MLA_ROW; d += 32) s = fmaf(q[d], bf16_to_f32(row[d]), s);
+    for (int d = lane; d < row_w; d += 32) s = fmaf(q[d], bf16_to_f32(row[d]), s);
     s = warp_sum(s);
     if (lane == 0) p[j - k0] = s * scale;
   }
@@ -73,22 +75,28 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
   // values: thread d owns latent dims d, d + 128, d + 256, d + 384; keys in increasing order
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   for (int j = k0; j < k1; j++) {
-    const bf16_t* row = cache + ((size_t)bt[j / block_size] * block_size + j % block_size) * MLA_ROW;
+    const bf16_t* row = cache + ((size_t)bt[j / block_size] * block_size + j % block_size) * row_w;
     const float pj = p[j - k0];
 #pragma unroll
-    for (int i = 0; i < 4; i++) acc[i] = fmaf(pj, bf16_to_f32(row[threadIdx.x + i * MLA_THREADS]), acc[i]);
+    for (int i = 0; i < 4; i++) {
+      const int d = threadIdx.x + i * MLA_THREADS;
+      if (d < lat) acc[i] = fmaf(pj, bf16_to_f32(row[d]), acc[i]);
+    }
   }
   if (threadIdx.x == 0) {
     part_ml[2 * part] = m;
     part_ml[2 * part + 1] = l;
   }
 #pragma unroll
-  for (int i = 0; i < 4; i++) part_acc[part * MLA_LAT + threadIdx.x + i * MLA_THREADS] = acc[i];
+  for (int i = 0; i < 4; i++) {
+    const int d = threadIdx.x + i * MLA_THREADS;
+    if (d < lat) part_acc[part * lat + d] = acc[i];
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     mla_decode_combine(const float* __restrict__ part_ml, const float* __restrict__ part_acc,
-                       int heads, int n_splits, float* __restrict__ out) {
+                       int heads, int n_splits, int lat, float* __restrict__ out) {
   const int t = blockIdx.x, h = blockIdx.y;
   const size_t base = ((size_t)t * heads + h) * n_splits;
   float mx = SPECMLA_NEG_INF;
@@ -101,11 +109,16 @@ extern "C" __global__ void __launch_bounds__(MLA_THREADS)
     const float f = __expf(m - mx);
     l = fmaf(part_ml[2 * (base + s) + 1], f, l);
 #pragma unroll
-    for (int i = 0; i < 4; i++)
-      acc[i] = fmaf(part_acc[(base + s) * MLA_LAT + threadIdx.x + i * MLA_THREADS], f, acc[i]);
+    for (int i = 0; i < 4; i++) {
+      const int d = threadIdx.x + i * MLA_THREADS;
+      if (d < lat) acc[i] = fmaf(part_acc[(base + s) * lat + d], f, acc[i]);
+    }
   }
-  float* o = out + ((size_t)t * heads + h) * MLA_LAT;
+  float* o = out + ((size_t)t * heads + h) * lat;
   const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-  for (int i = 0; i < 4; i++) o[threadIdx.x + i * MLA_THREADS] = acc[i] * inv;
+  for (int i = 0; i < 4; i++) {
+    const int d = threadIdx.x + i * MLA_THREADS;
+    if (d < lat) o[d] = acc[i] * inv;
+  }
 }

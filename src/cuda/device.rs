@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 
 use super::kernels::kernel_sources;
 
-fn drv(e: impl std::fmt::Debug) -> Error {
+pub(crate) fn drv(e: impl std::fmt::Debug) -> Error {
     Error::Engine(format!("CUDA: {e:?}"))
 }
 
@@ -85,6 +85,16 @@ impl Gpu {
         self.funcs
             .get(name)
             .ok_or_else(|| Error::Engine(format!("kernel {name} not loaded")))
+    }
+
+    /// The stream every launch of this device goes to.
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A loaded kernel by name.
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
+        self.f(name)
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -301,12 +311,19 @@ impl Gpu {
             .arg(&dpos)
             .arg(&dql)
             .arg(&dqp);
-        b.arg(&scale).arg(&h).arg(&ns).arg(&mut ml).arg(&mut acc);
+        let (lat, rope) = (512i32, 64i32);
+        b.arg(&scale)
+            .arg(&h)
+            .arg(&ns)
+            .arg(&lat)
+            .arg(&rope)
+            .arg(&mut ml)
+            .arg(&mut acc);
         // SAFETY: as the kernel's signature (kernels/mla_decode.cu); the caller's tables index
         // inside the cache.
         unsafe { b.launch(cfg((n_q as u32, heads as u32, n_splits as u32), 128)) }.map_err(drv)?;
         let mut b = s.launch_builder(self.f("mla_decode_combine")?);
-        b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&mut out);
+        b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&lat).arg(&mut out);
         // SAFETY: as above.
         unsafe { b.launch(cfg((n_q as u32, heads as u32, 1), 128)) }.map_err(drv)?;
         s.clone_dtoh(&out).map_err(drv)
@@ -544,10 +561,16 @@ mod tests {
             "moe_gate_up_bf16",
             "moe_down_bf16",
             "moe_combine",
+            "gemm_f32_smalln",
+            "gemm_grouped_f32",
+            "add_inplace_f32",
+            "copy_cols_f32",
+            "gather_rows_f32",
+            "silu_mul_f32",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
         }
-        assert_eq!(names.len(), 14, "{names:?}");
+        assert_eq!(names.len(), 20, "{names:?}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub struct KernelSource {
 
 const COMMON: &str = include_str!("../../kernels/common.cuh");
 
-const FILES: [(&str, &str); 10] = [
+const FILES: [(&str, &str); 12] = [
     ("rmsnorm.cu", include_str!("../../kernels/rmsnorm.cu")),
     ("rope.cu", include_str!("../../kernels/rope.cu")),
     ("gemm_bf16.cu", include_str!("../../kernels/gemm_bf16.cu")),
@@ -29,10 +29,15 @@ const FILES: [(&str, &str); 10] = [
         "moe_experts.cu",
         include_str!("../../kernels/moe_experts.cu"),
     ),
+    ("gemm_f32.cu", include_str!("../../kernels/gemm_f32.cu")),
+    (
+        "elementwise.cu",
+        include_str!("../../kernels/elementwise.cu"),
+    ),
 ];
 
 /// Kernels on the decode path of every token: a register spill there is a compile-check failure.
-pub const HOT_KERNELS: [&str; 9] = [
+pub const HOT_KERNELS: [&str; 11] = [
     "rms_norm_f32",
     "gemm_bf16_smalln",
     "gemm_fp8_block_smalln",
@@ -42,6 +47,8 @@ pub const HOT_KERNELS: [&str; 9] = [
     "moe_gate_up_bf16",
     "moe_down_bf16",
     "mha_prefill_f32",
+    "gemm_f32_smalln",
+    "gemm_grouped_f32",
 ];
 
 /// Every kernel file, ready for NVRTC.

@@ -96,7 +96,11 @@ pub struct KvCache {
     tier: Option<KvTier>,
     /// `[num_blocks]` second chain hash of each prefix-registered block (the tier's key half).
     key2: Vec<u64>,
+    /// Process-unique id of this cache (a device backend keys its copy of the storage by it).
+    uid: u64,
 }
+
+static NEXT_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn nonzero(field: &str, v: usize) -> Result<()> {
     if v == 0 {
@@ -237,6 +241,7 @@ impl KvCache {
             prefix_query_tokens: 0,
             tier: None,
             key2: vec![0; cfg.num_blocks],
+            uid: NEXT_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             cfg,
         })
     }
@@ -349,6 +354,11 @@ impl KvCache {
     fn tier_entry(&self, b: u32) -> Option<(TierKey, Vec<u32>)> {
         let (h, toks) = self.prefix.identity(b)?;
         Some(((h, self.key2[b as usize]), toks.to_vec()))
+    }
+
+    /// Process-unique id of this cache (never reused while the process runs).
+    pub fn uid(&self) -> u64 {
+        self.uid
     }
 
     pub fn config(&self) -> &KvConfig {

@@ -1,0 +1,790 @@
+//! The CUDA backend: the forward pass's operators (`backend::Backend`) on one NVIDIA GPU, with
+//! the kernels of `kernels/*.cu` over device-resident weights, activations and latent cache.
+//!
+//! Where it sits: `EngineConfig::device = Device::Cuda(n)` makes the engine run its TARGET's
+//! forward through a [`CudaBackend`] (`Model::forward_on`); drafters, the sampler, the scheduler
+//! and the budget stay on the host, unchanged. The model's weights are uploaded once, when the
+//! backend is created (bf16 and fp8 with 128x128 block scales stay in their storage precision;
+//! f16 is widened to f32 exactly; the absorbed per-head MLA matrices W_UK^T / W_UV are stacked as
+//! f32; routed experts as [E, ...] bf16 stacks). Device copies are found from the weights the
+//! forward hands an op (keyed by the host weight's address: the `Model` is immutable and shared
+//! by `Arc` while the backend lives). The latent cache lives on the device, one buffer per layer
+//! laid out like the host pool (`[num_blocks * block_size, kv_lora + rope]` bf16) and addressed
+//! through the host cache's block tables, keyed by `KvCache::uid`.
+//!
+//! What each op does on the device: RMSNorm, residual add, small-n GEMMs (`gemm_*_smalln`, in
+//! passes of 16 tokens), interleaved RoPE (cos / sin of this forward's positions computed on the
+//! host by the CPU's `Rope`, so both backends rotate by the same values), the latent KV write,
+//! absorbed MLA attention for EVERY token (`mla_decode_split` + `combine`; prompt tokens too —
+//! the CPU takes decompressed MHA for them, the same function up to rounding), MoE routing logits
+//! on the device with the selection on the host (`model::moe::route`, every routing method of the
+//! CPU), grouped SwiGLU experts, the logits rows. Results agree with the CPU backend within
+//! rounding (f32 FMA order differs), not bitwise; every kernel is batch invariant, so greedy
+//! speculation on the GPU is exact against plain GPU decoding.
+//!
+//! STATUS: compiled and type-checked on every build, NEVER RUN ON A GPU (none was available when
+//! it was written): `scripts/gpu-check.sh` runs the golden fixtures through it on a GPU machine.
+//! Refused at creation with a clear error (never a panic): a missing driver or device, DeepSeek-V4,
+//! V3.2's indexer, latent / rope widths above 512 / 64, routed experts not in bf16.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use crate::backend::Backend;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kernels::{matrix_row_f32, Matrix, MatrixData};
+use crate::kv::{KvCache, KvDtype};
+use crate::model::moe::route;
+use crate::model::rope::Rope;
+use crate::model::{Attention, Expert, Ffn, Model, Moe, SeqChunk};
+
+use super::device::{drv, Gpu};
+
+/// Tokens per small-n GEMM launch (the kernels' register tile).
+const GEMM_N: usize = 16;
+/// q-LoRA / kv-LoRA norms use eps 1e-6 (as `model::attention`).
+const LORA_NORM_EPS: f32 = 1e-6;
+
+fn grid(g: (u32, u32, u32), block: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: g,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn g1(n: usize) -> (u32, u32, u32) {
+    (n.max(1) as u32, 1, 1)
+}
+
+/// A weight matrix on the device, in the precision its GEMM kernel reads.
+enum DevW {
+    Bf16(CudaSlice<u16>),
+    /// e4m3 bytes + [ceil(rows / 128), cols / 128] scales.
+    Fp8(CudaSlice<u8>, CudaSlice<f32>),
+    F32(CudaSlice<f32>),
+}
+
+struct DevMat {
+    rows: usize,
+    cols: usize,
+    w: DevW,
+}
+
+/// Routed experts of one MoE layer as stacks: gate / up [E, inter, hidden], down [E, hidden, inter].
+struct DevExperts {
+    gate: CudaSlice<u16>,
+    up: CudaSlice<u16>,
+    down: CudaSlice<u16>,
+    inter: usize,
+}
+
+/// One layer's absorbed MLA matrices: uk [H, kv_lora, nope] (W_UK^T per head), uv [H, v, kv_lora].
+struct DevAbsorb {
+    uk: CudaSlice<f32>,
+    uv: CudaSlice<f32>,
+}
+
+/// The target's forward on one CUDA device (see the module doc).
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    ordinal: usize,
+    mats: HashMap<usize, DevMat>,
+    vecs: HashMap<usize, CudaSlice<f32>>,
+    experts: HashMap<usize, DevExperts>,
+    absorb: HashMap<usize, DevAbsorb>,
+    /// Latent cache per host cache (`KvCache::uid`): one [slots, kv_lora + rope] bf16 buffer per layer.
+    kv: Mutex<HashMap<u64, Vec<CudaSlice<u16>>>>,
+    /// Bytes uploaded at creation.
+    pub weight_bytes: usize,
+}
+
+fn key<T>(r: &T) -> usize {
+    r as *const T as usize
+}
+
+impl CudaBackend {
+    /// Open device `ordinal` (kernels from NVRTC, else cubins from `cubin_dir`) and upload
+    /// `model`'s weights. Errors: no driver / device, or a model this backend does not run yet.
+    pub fn new(model: &Model, ordinal: usize, cubin_dir: Option<&std::path::Path>) -> Result<Self> {
+        Self::check_model(model)?;
+        let gpu = Arc::new(Gpu::open(ordinal, cubin_dir)?);
+        let mut b = CudaBackend {
+            gpu,
+            ordinal,
+            mats: HashMap::new(),
+            vecs: HashMap::new(),
+            experts: HashMap::new(),
+            absorb: HashMap::new(),
+            kv: Mutex::new(HashMap::new()),
+            weight_bytes: 0,
+        };
+        b.upload_model(model)?;
+        Ok(b)
+    }
+
+    /// What this backend runs (checked before any device is touched).
+    pub fn check_model(model: &Model) -> Result<()> {
+        let c = &model.config;
+        let no = |why: String| Err(Error::InvalidArgument(format!("CUDA backend: {why}")));
+        if model.v4.is_some() {
+            return no("DeepSeek-V4 models run on the CPU backend only (for now)".into());
+        }
+        if c.indexer.is_some() {
+            return no("V3.2's lightning indexer has no CUDA kernels yet".into());
+        }
+        if c.kv_lora_rank > 512 || c.qk_rope_head_dim > 64 || c.qk_rope_head_dim % 2 != 0 {
+            return no(format!(
+                "kv_lora_rank {} / qk_rope_head_dim {}: the MLA kernel takes at most 512 / 64 (even)",
+                c.kv_lora_rank, c.qk_rope_head_dim
+            ));
+        }
+        for (li, l) in model.layers.iter().enumerate() {
+            if let Ffn::Moe(m) = &l.ffn {
+                for e in &m.experts {
+                    for w in [&e.gate, &e.up, &e.down] {
+                        if !matches!(w.data, MatrixData::Bf16(_)) || w.cols % 8 != 0 {
+                            return no(format!(
+                                "layer {li}: routed experts must be bf16 with widths divisible by 8 \
+                                 (found {} [{}, {}])",
+                                w.dtype_name(),
+                                w.rows,
+                                w.cols
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn s(&self) -> &Arc<CudaStream> {
+        self.gpu.stream()
+    }
+
+    fn upload_matrix(&mut self, m: &Matrix) -> Result<()> {
+        let s = self.gpu.stream().clone();
+        let (rows, cols) = (m.rows, m.cols);
+        let w = match &m.data {
+            MatrixData::Bf16(v) if cols % 8 == 0 => DevW::Bf16(s.clone_htod(&v[..]).map_err(drv)?),
+            MatrixData::Fp8 {
+                data,
+                scale_inv,
+                block_rows: 128,
+                block_cols: 128,
+            } if cols % 128 == 0 => DevW::Fp8(
+                s.clone_htod(&data[..]).map_err(drv)?,
+                s.clone_htod(&scale_inv[..]).map_err(drv)?,
+            ),
+            MatrixData::F32(v) => DevW::F32(s.clone_htod(&v[..]).map_err(drv)?),
+            _ => {
+                // f16, odd widths, other fp8 blocks: widened to f32 row by row (exact for
+                // f16 / bf16; fp8 times its block scale as the CPU decodes it).
+                let mut f = vec![0f32; rows * cols]; // [rows, cols]
+                for r in 0..rows {
+                    matrix_row_f32(m, r, &mut f[r * cols..(r + 1) * cols]);
+                }
+                DevW::F32(s.clone_htod(&f).map_err(drv)?)
+            }
+        };
+        self.weight_bytes += m.nbytes();
+        self.mats.insert(key(m), DevMat { rows, cols, w });
+        Ok(())
+    }
+
+    fn upload_vec(&mut self, v: &[f32]) -> Result<()> {
+        let d = self.gpu.stream().clone_htod(v).map_err(drv)?;
+        self.weight_bytes += v.len() * 4;
+        self.vecs.insert(v.as_ptr() as usize, d);
+        Ok(())
+    }
+
+    fn upload_expert(&mut self, e: &Expert) -> Result<()> {
+        for m in [&e.gate, &e.up, &e.down] {
+            self.upload_matrix(m)?;
+        }
+        Ok(())
+    }
+
+    fn upload_model(&mut self, model: &Model) -> Result<()> {
+        let c = model.config.clone();
+        let (nh, nope, v, kvl) = (
+            c.num_attention_heads,
+            c.qk_nope_head_dim,
+            c.v_head_dim,
+            c.kv_lora_rank,
+        );
+        self.upload_matrix(model.lm_head())?;
+        self.upload_vec(&model.norm)?;
+        for l in &model.layers {
+            self.upload_vec(&l.input_norm)?;
+            self.upload_vec(&l.post_norm)?;
+            let a = &l.attn;
+            if let Some((qa, qn, qb)) = &a.q_lora {
+                self.upload_matrix(qa)?;
+                self.upload_vec(qn)?;
+                self.upload_matrix(qb)?;
+            }
+            if let Some(q) = &a.q_proj {
+                self.upload_matrix(q)?;
+            }
+            self.upload_matrix(&a.kv_a_proj)?;
+            self.upload_vec(&a.kv_a_norm)?;
+            self.upload_matrix(&a.o_proj)?;
+            let mut uk = vec![0f32; nh * kvl * nope]; // [H, kv_lora, nope]
+            let mut uv = vec![0f32; nh * v * kvl]; // [H, v, kv_lora]
+            for h in 0..nh {
+                for r in 0..kvl {
+                    let o = (h * kvl + r) * nope;
+                    matrix_row_f32(&a.w_uk_t[h], r, &mut uk[o..o + nope]);
+                }
+                for r in 0..v {
+                    let o = (h * v + r) * kvl;
+                    matrix_row_f32(&a.w_uv[h], r, &mut uv[o..o + kvl]);
+                }
+            }
+            let s = self.gpu.stream().clone();
+            self.weight_bytes += (uk.len() + uv.len()) * 4;
+            self.absorb.insert(
+                key(a),
+                DevAbsorb {
+                    uk: s.clone_htod(&uk).map_err(drv)?,
+                    uv: s.clone_htod(&uv).map_err(drv)?,
+                },
+            );
+            match &l.ffn {
+                Ffn::Dense(e) => self.upload_expert(e)?,
+                Ffn::Moe(m) => {
+                    self.upload_vec(&m.gate)?;
+                    if let Some(sh) = &m.shared {
+                        self.upload_expert(sh)?;
+                    }
+                    self.upload_experts(m)?;
+                }
+            }
+        }
+        self.gpu.synchronize()
+    }
+
+    fn upload_experts(&mut self, m: &Moe) -> Result<()> {
+        let bits = |w: &Matrix| -> Vec<u16> {
+            match &w.data {
+                MatrixData::Bf16(v) => v.to_vec(),
+                _ => unreachable!("check_model admits bf16 experts only"),
+            }
+        };
+        let inter = m.experts.first().map_or(0, |e| e.gate.rows);
+        let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
+        for e in &m.experts {
+            if e.gate.rows != inter {
+                return Err(Error::InvalidArgument(
+                    "CUDA backend: routed experts of one layer differ in width".into(),
+                ));
+            }
+            g.extend(bits(&e.gate));
+            u.extend(bits(&e.up));
+            d.extend(bits(&e.down));
+            self.weight_bytes += e.nbytes();
+        }
+        let s = self.gpu.stream().clone();
+        self.experts.insert(
+            key(m),
+            DevExperts {
+                gate: s.clone_htod(&g).map_err(drv)?,
+                up: s.clone_htod(&u).map_err(drv)?,
+                down: s.clone_htod(&d).map_err(drv)?,
+                inter,
+            },
+        );
+        Ok(())
+    }
+
+    fn mat(&self, m: &Matrix) -> Result<&DevMat> {
+        self.mats.get(&key(m)).ok_or_else(|| {
+            Error::Engine(format!(
+                "CUDA backend: a [{}, {}] weight is not on the device (not this backend's model)",
+                m.rows, m.cols
+            ))
+        })
+    }
+
+    fn vec(&self, v: &[f32]) -> Result<&CudaSlice<f32>> {
+        self.vecs
+            .get(&(v.as_ptr() as usize))
+            .ok_or_else(|| Error::Engine("CUDA backend: a norm / router weight is not on the device".into()))
+    }
+
+    fn zeros(&self, n: usize) -> Result<CudaSlice<f32>> {
+        self.s().alloc_zeros::<f32>(n.max(1)).map_err(drv)
+    }
+
+    fn up<T: cudarc::driver::DeviceRepr>(&self, v: &[T]) -> Result<CudaSlice<T>> {
+        self.s().clone_htod(v).map_err(drv)
+    }
+
+    /// y[n, rows] = x[n, cols] · Wᵀ, in passes of 16 tokens.
+    fn gemm(&self, m: &Matrix, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<f32>> {
+        let dm = self.mat(m)?;
+        let (rows, cols) = (dm.rows, dm.cols);
+        let mut y = self.zeros(n * rows)?; // [n, rows]
+        let s = self.s();
+        for t0 in (0..n).step_by(GEMM_N) {
+            let k = GEMM_N.min(n - t0);
+            let xv = x.slice(t0 * cols..(t0 + k) * cols);
+            let mut yv = y.slice_mut(t0 * rows..(t0 + k) * rows);
+            let (r, c, kk) = (rows as i32, cols as i32, k as i32);
+            let cfg = grid(g1(rows.div_ceil(8)), 256);
+            match &dm.w {
+                DevW::Bf16(w) => {
+                    let mut b = s.launch_builder(self.gpu.func("gemm_bf16_smalln")?);
+                    b.arg(w).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
+                    // SAFETY: kernels/gemm_bf16.cu's signature; cols % 8 == 0 (upload_matrix).
+                    unsafe { b.launch(cfg) }.map_err(drv)?;
+                }
+                DevW::Fp8(w, sc) => {
+                    let mut b = s.launch_builder(self.gpu.func("gemm_fp8_block_smalln")?);
+                    b.arg(w).arg(sc).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
+                    // SAFETY: kernels/gemm_fp8.cu's signature; cols % 128 == 0 (upload_matrix).
+                    unsafe { b.launch(cfg) }.map_err(drv)?;
+                }
+                DevW::F32(w) => {
+                    let mut b = s.launch_builder(self.gpu.func("gemm_f32_smalln")?);
+                    b.arg(w).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
+                    // SAFETY: kernels/gemm_f32.cu's signature.
+                    unsafe { b.launch(cfg) }.map_err(drv)?;
+                }
+            }
+        }
+        Ok(y)
+    }
+
+    /// y[a, rows] = W[g[a]] · x[a] for A items; W: [G, rows, cols] f32 on the device.
+    fn gemm_grouped(
+        &self,
+        w: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        x: &CudaSlice<f32>,
+        groups: &CudaSlice<i32>,
+        items: usize,
+    ) -> Result<CudaSlice<f32>> {
+        let mut y = self.zeros(items * rows)?; // [A, rows]
+        let (r, c) = (rows as i32, cols as i32);
+        // grid.y is at most 65535: long prompts go in passes of ITEMS items
+        const ITEMS: usize = 32768;
+        for a0 in (0..items).step_by(ITEMS) {
+            let m = ITEMS.min(items - a0);
+            let xv = x.slice(a0 * cols..(a0 + m) * cols);
+            let gv = groups.slice(a0..a0 + m);
+            let mut yv = y.slice_mut(a0 * rows..(a0 + m) * rows);
+            let mut b = self.s().launch_builder(self.gpu.func("gemm_grouped_f32")?);
+            b.arg(w).arg(&xv).arg(&gv).arg(&mut yv).arg(&r).arg(&c);
+            // SAFETY: kernels/gemm_f32.cu's signature; every g[a] < G (built by the caller).
+            unsafe { b.launch(grid((rows.div_ceil(8) as u32, m as u32, 1), 256)) }.map_err(drv)?;
+        }
+        Ok(y)
+    }
+
+    /// dst[r, dst_off..+width] = src[r, src_off..+width] for `rows` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_cols(
+        &self,
+        src: &CudaSlice<f32>,
+        src_stride: usize,
+        src_off: usize,
+        dst: &mut CudaSlice<f32>,
+        dst_stride: usize,
+        dst_off: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        let a = [src_stride, src_off, dst_stride, dst_off, width].map(|v| v as i32);
+        let mut b = self.s().launch_builder(self.gpu.func("copy_cols_f32")?);
+        b.arg(src).arg(&a[0]).arg(&a[1]).arg(dst).arg(&a[2]).arg(&a[3]).arg(&a[4]);
+        // SAFETY: kernels/elementwise.cu's signature; the caller's strides cover the buffers.
+        unsafe { b.launch(grid(g1(rows), 128)) }.map_err(drv)?;
+        Ok(())
+    }
+
+    fn norm_rows(&self, x: &CudaSlice<f32>, n: usize, w: &CudaSlice<f32>, cols: usize, eps: f32) -> Result<CudaSlice<f32>> {
+        let mut y = self.zeros(n * cols)?;
+        let c = cols as i32;
+        let mut b = self.s().launch_builder(self.gpu.func("rms_norm_f32")?);
+        b.arg(x).arg(w).arg(&mut y).arg(&c).arg(&eps);
+        // SAFETY: kernels/rmsnorm.cu's signature.
+        unsafe { b.launch(grid(g1(n), 256)) }.map_err(drv)?;
+        Ok(y)
+    }
+
+    /// Interleaved RoPE in place on dims [offset, offset + rope) of every head of x [n, heads, head_dim].
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut CudaSlice<f32>,
+        n: usize,
+        tables: &(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<i32>),
+        heads: usize,
+        head_dim: usize,
+        offset: usize,
+        rope_dim: usize,
+    ) -> Result<()> {
+        let a = [heads, head_dim, offset, rope_dim, n].map(|v| v as i32);
+        let mut b = self.s().launch_builder(self.gpu.func("rope_interleaved_f32")?);
+        b.arg(x).arg(&tables.2).arg(&tables.0).arg(&tables.1);
+        b.arg(&a[0]).arg(&a[1]).arg(&a[2]).arg(&a[3]).arg(&a[4]);
+        // SAFETY: kernels/rope.cu's signature; the table has one row per token (index t).
+        unsafe { b.launch(grid(g1(n), 128)) }.map_err(drv)?;
+        Ok(())
+    }
+
+    /// The device latent cache of `kv` (created zeroed on first use).
+    fn with_kv<R>(&self, kv: &KvCache, f: impl FnOnce(&mut Vec<CudaSlice<u16>>) -> Result<R>) -> Result<R> {
+        let kc = kv.config();
+        let g = &kc.groups[KvCache::LATENT];
+        if g.dtype != KvDtype::Bf16 {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA backend: the latent cache must be bf16 (kv_dtype {:?}), the MLA kernel reads bf16",
+                g.dtype
+            )));
+        }
+        let width: usize = g.kind.parts().iter().sum();
+        let mut map = self
+            .kv
+            .lock()
+            .map_err(|_| Error::Engine("CUDA backend: KV map poisoned".into()))?;
+        if !map.contains_key(&kv.uid()) {
+            let slots = kc.num_blocks * kc.block_size;
+            let mut layers = Vec::with_capacity(g.num_layers);
+            for _ in 0..g.num_layers {
+                layers.push(self.s().alloc_zeros::<u16>(slots * width).map_err(drv)?);
+            }
+            map.insert(kv.uid(), layers);
+        }
+        f(map.get_mut(&kv.uid()).expect("inserted above"))
+    }
+
+    /// Routed experts of `m` for xn [n, hidden] with the host's routing. -> ([n, hidden], bytes)
+    fn moe(&self, cfg: &ModelConfig, m: &Moe, xn: &CudaSlice<f32>, n: usize) -> Result<(CudaSlice<f32>, usize)> {
+        let moe_cfg = cfg
+            .moe
+            .as_ref()
+            .ok_or_else(|| Error::Engine("MoE layer without MoE config".into()))?;
+        let h = cfg.hidden_size;
+        let ne = m.experts.len();
+        let gate = self.vec(&m.gate)?;
+        // router logits on the device (f32 router), selection on the host (the CPU's code)
+        let mut lg = self.zeros(n * ne)?; // [n, E]
+        for t0 in (0..n).step_by(GEMM_N) {
+            let k = GEMM_N.min(n - t0);
+            let xv = xn.slice(t0 * h..(t0 + k) * h);
+            let mut yv = lg.slice_mut(t0 * ne..(t0 + k) * ne);
+            let (r, c, kk) = (ne as i32, h as i32, k as i32);
+            let mut b = self.s().launch_builder(self.gpu.func("gemm_f32_smalln")?);
+            b.arg(gate).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
+            // SAFETY: kernels/gemm_f32.cu's signature.
+            unsafe { b.launch(grid(g1(ne.div_ceil(8)), 256)) }.map_err(drv)?;
+        }
+        let logits = self.s().clone_dtoh(&lg).map_err(drv)?; // [n, E]
+        let k = moe_cfg.num_experts_per_tok;
+        let (mut tok, mut ex, mut wt) = (Vec::new(), Vec::new(), Vec::new());
+        let mut active = vec![false; ne];
+        for t in 0..n {
+            let r = route(moe_cfg, cfg.model_type, &logits[t * ne..(t + 1) * ne], m.bias.as_deref());
+            if r.len() != k {
+                return Err(Error::Engine(format!("routing gave {} experts, want {k}", r.len())));
+            }
+            for (e, w) in r {
+                tok.push(t as i32);
+                ex.push(e as i32);
+                wt.push(w);
+                active[e] = true;
+            }
+        }
+        let bytes = m.gate.len() * 4
+            + m.shared.as_ref().map_or(0, Expert::nbytes)
+            + (0..ne).filter(|&e| active[e]).map(|e| m.experts[e].nbytes()).sum::<usize>();
+        let de = self
+            .experts
+            .get(&key(m))
+            .ok_or_else(|| Error::Engine("CUDA backend: experts not on the device".into()))?;
+        let na = tok.len();
+        let (dt, dex, dw) = (self.up(&tok)?, self.up(&ex)?, self.up(&wt)?);
+        let mut hid = self.zeros(na * de.inter)?; // [A, inter]
+        let mut y = self.zeros(na * h)?; // [A, hidden]
+        let mut out = self.zeros(n * h)?; // [n, hidden]
+        let (hh, ii, kk) = (h as i32, de.inter as i32, k as i32);
+        let s = self.s();
+        let mut b = s.launch_builder(self.gpu.func("moe_gate_up_bf16")?);
+        b.arg(&de.gate).arg(&de.up).arg(xn).arg(&dt).arg(&dex).arg(&mut hid).arg(&hh).arg(&ii);
+        // SAFETY: kernels/moe_experts.cu's signature; expert ids < E (the router's).
+        unsafe { b.launch(grid((de.inter.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
+        let mut b = s.launch_builder(self.gpu.func("moe_down_bf16")?);
+        b.arg(&de.down).arg(&hid).arg(&dex).arg(&mut y).arg(&hh).arg(&ii);
+        // SAFETY: as above.
+        unsafe { b.launch(grid((h.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
+        let mut b = s.launch_builder(self.gpu.func("moe_combine")?);
+        b.arg(&y).arg(&dw).arg(&mut out).arg(&hh).arg(&kk);
+        // SAFETY: as above; exactly k assignments per token, token-major.
+        unsafe { b.launch(grid(g1(n), 256)) }.map_err(drv)?;
+        if let Some(sh) = &m.shared {
+            let ys = self.mlp(sh, xn, n)?;
+            self.add(&mut out, &ys, n * h)?;
+        }
+        Ok((out, bytes))
+    }
+
+    /// down(silu(gate(x)) * up(x)). x: [n, hidden] -> [n, hidden]
+    fn mlp(&self, e: &Expert, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<f32>> {
+        let g = self.gemm(&e.gate, x, n)?; // [n, inter]
+        let u = self.gemm(&e.up, x, n)?; // [n, inter]
+        let len = n * e.gate.rows;
+        let mut act = self.zeros(len)?; // [n, inter]
+        let l = len as i32;
+        let mut b = self.s().launch_builder(self.gpu.func("silu_mul_f32")?);
+        b.arg(&g).arg(&u).arg(&mut act).arg(&l);
+        // SAFETY: kernels/elementwise.cu's signature.
+        unsafe { b.launch(grid(g1(len.div_ceil(256)), 256)) }.map_err(drv)?;
+        self.gemm(&e.down, &act, n)
+    }
+
+    fn add(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>, len: usize) -> Result<()> {
+        let l = len as i32;
+        let mut b = self.s().launch_builder(self.gpu.func("add_inplace_f32")?);
+        b.arg(x).arg(y).arg(&l);
+        // SAFETY: kernels/elementwise.cu's signature; both hold len values.
+        unsafe { b.launch(grid(g1(len.div_ceil(256)), 256)) }.map_err(drv)?;
+        Ok(())
+    }
+}
+
+/// Activations on the device: [n, width] f32.
+pub struct DevAct {
+    pub(crate) buf: CudaSlice<f32>,
+    pub(crate) len: usize,
+}
+
+impl Backend for CudaBackend {
+    type Act = DevAct;
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({}, {})", self.ordinal, self.gpu.name, self.gpu.arch)
+    }
+
+    fn embed(&self, embed: &Matrix, tokens: &[u32]) -> Result<DevAct> {
+        let h = embed.cols;
+        let mut x = vec![0f32; tokens.len() * h]; // [n, hidden], rows read from the host mapping
+        for (i, &t) in tokens.iter().enumerate() {
+            matrix_row_f32(embed, t as usize, &mut x[i * h..(i + 1) * h]);
+        }
+        Ok(DevAct {
+            len: x.len(),
+            buf: self.up(&x)?,
+        })
+    }
+
+    fn rms_norm(&self, x: &DevAct, n: usize, w: &[f32], eps: f32) -> Result<DevAct> {
+        let dw = self.vec(w)?;
+        Ok(DevAct {
+            buf: self.norm_rows(&x.buf, n, dw, w.len(), eps)?,
+            len: n * w.len(),
+        })
+    }
+
+    fn add_assign(&self, x: &mut DevAct, y: &DevAct) -> Result<()> {
+        if x.len != y.len {
+            return Err(Error::Engine("CUDA backend: residual add of unequal shapes".into()));
+        }
+        self.add(&mut x.buf, &y.buf, x.len)
+    }
+
+    fn attention(
+        &self,
+        cfg: &ModelConfig,
+        rope: &Rope,
+        a: &Attention,
+        kv_layer: usize,
+        xn: &DevAct,
+        pos: &[usize],
+        chunks: &[SeqChunk],
+        kv: &mut KvCache,
+    ) -> Result<DevAct> {
+        let n = pos.len();
+        let nh = cfg.num_attention_heads;
+        let (nope, rdim, vdim, kvl) = (
+            cfg.qk_nope_head_dim,
+            cfg.qk_rope_head_dim,
+            cfg.v_head_dim,
+            cfg.kv_lora_rank,
+        );
+        let (qk, kvd) = (nope + rdim, kvl + rdim);
+        let x = &xn.buf;
+        // projections: q [n, H, qk]; ckv [n, kv_lora + rope]
+        let mut q = if let Some((qa, qa_norm, qb)) = &a.q_lora {
+            let ql = self.gemm(qa, x, n)?; // [n, q_lora]
+            let qn = self.norm_rows(&ql, n, self.vec(qa_norm)?, qa.rows, LORA_NORM_EPS)?;
+            self.gemm(qb, &qn, n)?
+        } else {
+            let qp = a
+                .q_proj
+                .as_ref()
+                .ok_or_else(|| Error::Engine("attention without q projection".into()))?;
+            self.gemm(qp, x, n)?
+        };
+        let ckv = self.gemm(&a.kv_a_proj, x, n)?; // [n, kvd]
+        let mut c = self.zeros(n * kvl)?; // [n, kv_lora]
+        self.copy_cols(&ckv, kvd, 0, &mut c, kvl, 0, kvl, n)?;
+        let c = self.norm_rows(&c, n, self.vec(&a.kv_a_norm)?, kvl, LORA_NORM_EPS)?;
+        let mut kpe = self.zeros(n * rdim)?; // [n, rope]
+        self.copy_cols(&ckv, kvd, kvl, &mut kpe, rdim, 0, rdim, n)?;
+        // RoPE tables for this forward's positions, from the CPU's Rope (same values)
+        let half = rdim / 2;
+        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]); // [n, rope / 2]
+        for (t, &p) in pos.iter().enumerate() {
+            let mut e = vec![0f32; rdim];
+            for i in 0..half {
+                // rotate the unit pair (1, 0): gives (cos, sin) times the attention factor
+                e.iter_mut().for_each(|v| *v = 0.0);
+                e[2 * i] = 1.0;
+                rope.apply(&mut e, p);
+                cos[t * half + i] = e[2 * i];
+                sin[t * half + i] = e[2 * i + 1];
+            }
+        }
+        let idx: Vec<i32> = (0..n as i32).collect();
+        let tables = (self.up(&cos)?, self.up(&sin)?, self.up(&idx)?);
+        let mut kpe = kpe;
+        self.rope(&mut kpe, n, &tables, 1, rdim, 0, rdim)?;
+        self.rope(&mut q, n, &tables, nh, qk, nope, rdim)?;
+        // the new slots [c | k_pe], written into the device cache at the host table's slots
+        let mut slot_rows = self.zeros(n * kvd)?; // [n, kvd]
+        self.copy_cols(&c, kvl, 0, &mut slot_rows, kvd, 0, kvl, n)?;
+        self.copy_cols(&kpe, rdim, 0, &mut slot_rows, kvd, kvl, rdim, n)?;
+        let bs = kv.config().block_size;
+        let mut slots = Vec::with_capacity(n); // [n] i64
+        let mut q_seq = Vec::with_capacity(n); // [n] i32
+        let max_blocks = chunks.iter().map(|c| c.kv.blocks().len()).max().unwrap_or(1).max(1);
+        let mut table = vec![0i32; chunks.len() * max_blocks]; // [n_seqs, max_blocks]
+        for (si, ch) in chunks.iter().enumerate() {
+            let blocks = ch.kv.blocks();
+            for (j, &b) in blocks.iter().enumerate() {
+                table[si * max_blocks + j] = b as i32;
+            }
+            for i in 0..ch.tokens.len() {
+                let p = ch.start + i;
+                let b = *blocks.get(p / bs).ok_or_else(|| {
+                    Error::Engine(format!("CUDA backend: position {p} has no reserved KV block"))
+                })?;
+                slots.push((b as usize * bs + p % bs) as i64);
+                q_seq.push(si as i32);
+            }
+        }
+        let q_pos: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let (dslots, dtable, dseq, dpos) = (self.up(&slots)?, self.up(&table)?, self.up(&q_seq)?, self.up(&q_pos)?);
+        // absorbed queries: q_lat [n*H, kv_lora] = W_UK^T[h] q_nope; q_pe [n*H, rope]
+        let ab = self
+            .absorb
+            .get(&key(a))
+            .ok_or_else(|| Error::Engine("CUDA backend: attention weights not on the device".into()))?;
+        let mut q_nope = self.zeros(n * nh * nope)?;
+        self.copy_cols(&q, qk, 0, &mut q_nope, nope, 0, nope, n * nh)?;
+        let mut q_pe = self.zeros(n * nh * rdim)?;
+        self.copy_cols(&q, qk, nope, &mut q_pe, rdim, 0, rdim, n * nh)?;
+        let heads_of: Vec<i32> = (0..n * nh).map(|i| (i % nh) as i32).collect();
+        let dheads = self.up(&heads_of)?;
+        let q_lat = self.gemm_grouped(&ab.uk, kvl, nope, &q_nope, &dheads, n * nh)?; // [n*H, kv_lora]
+        let longest = pos.iter().copied().max().unwrap_or(0) + 1;
+        let n_splits = longest.div_ceil(256);
+        let mut ml = self.zeros(n * nh * n_splits * 2)?;
+        let mut acc = self.zeros(n * nh * n_splits * kvl)?;
+        let mut ctx = self.zeros(n * nh * kvl)?; // [n, H, kv_lora]
+        let scale = cfg.softmax_scale();
+        self.with_kv(kv, |layers| {
+            let cache = layers
+                .get_mut(kv_layer)
+                .ok_or_else(|| Error::Engine(format!("CUDA backend: no KV layer {kv_layer}")))?;
+            let s = self.s();
+            let w = kvd as i32;
+            let mut b = s.launch_builder(self.gpu.func("kv_write_bf16")?);
+            b.arg(&slot_rows).arg(&dslots).arg(&mut *cache).arg(&w);
+            // SAFETY: kernels/kv_write.cu's signature; every slot < num_blocks * block_size.
+            unsafe { b.launch(grid(g1(n), 128)) }.map_err(drv)?;
+            let (mb, bsz, h, ns, lat, rp) = (
+                max_blocks as i32,
+                bs as i32,
+                nh as i32,
+                n_splits as i32,
+                kvl as i32,
+                rdim as i32,
+            );
+            let mut b = s.launch_builder(self.gpu.func("mla_decode_split")?);
+            b.arg(&*cache).arg(&dtable).arg(&mb).arg(&bsz).arg(&dseq).arg(&dpos);
+            b.arg(&q_lat).arg(&q_pe).arg(&scale).arg(&h).arg(&ns).arg(&lat).arg(&rp);
+            b.arg(&mut ml).arg(&mut acc);
+            // SAFETY: kernels/mla_decode.cu's signature; the tables index reserved blocks.
+            unsafe { b.launch(grid((n as u32, nh as u32, n_splits as u32), 128)) }.map_err(drv)?;
+            let mut b = s.launch_builder(self.gpu.func("mla_decode_combine")?);
+            b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&lat).arg(&mut ctx);
+            // SAFETY: as above.
+            unsafe { b.launch(grid((n as u32, nh as u32, 1), 128)) }.map_err(drv)?;
+            Ok(())
+        })?;
+        // o^h = W_UV^h ctx^h -> [n, H, v]; then o_proj
+        let attn = self.gemm_grouped(&ab.uv, vdim, kvl, &ctx, &dheads, n * nh)?;
+        let out = self.gemm(&a.o_proj, &attn, n)?; // [n, hidden]
+        Ok(DevAct {
+            buf: out,
+            len: n * cfg.hidden_size,
+        })
+    }
+
+    fn ffn(&self, cfg: &ModelConfig, f: &Ffn, xn: &DevAct, n: usize) -> Result<(DevAct, usize)> {
+        let (buf, bytes) = match f {
+            Ffn::Dense(e) => (self.mlp(e, &xn.buf, n)?, e.nbytes()),
+            Ffn::Moe(m) => self.moe(cfg, m, &xn.buf, n)?,
+        };
+        Ok((
+            DevAct {
+                buf,
+                len: n * cfg.hidden_size,
+            },
+            bytes,
+        ))
+    }
+
+    fn logits(
+        &self,
+        x: &DevAct,
+        n: usize,
+        norm: &[f32],
+        eps: f32,
+        lm_head: &Matrix,
+        rows: &[usize],
+        want_hidden: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let h = norm.len();
+        let xn = self.norm_rows(&x.buf, n, self.vec(norm)?, h, eps)?; // [n, hidden]
+        let hidden = if want_hidden {
+            self.s().clone_dtoh(&xn).map_err(drv)?
+        } else {
+            Vec::new()
+        };
+        if rows.is_empty() {
+            return Ok((Vec::new(), hidden));
+        }
+        let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+        let didx = self.up(&idx)?;
+        let mut hs = self.zeros(rows.len() * h)?; // [n_rows, hidden]
+        let w = h as i32;
+        let mut b = self.s().launch_builder(self.gpu.func("gather_rows_f32")?);
+        b.arg(&xn).arg(&didx).arg(&mut hs).arg(&w);
+        // SAFETY: kernels/elementwise.cu's signature; rows < n.
+        unsafe { b.launch(grid(g1(rows.len()), 128)) }.map_err(drv)?;
+        let lg = self.gemm(lm_head, &hs, rows.len())?; // [n_rows, vocab]
+        let logits = self.s().clone_dtoh(&lg).map_err(drv)?;
+        Ok((logits, hidden))
+    }
+}
