@@ -310,6 +310,13 @@ typedef struct specmla_engine_params {
    */
   const char *kv_offload_dir;
   uint64_t kv_offload_mem_bytes;
+  /**
+   * NUL-terminated device of the target's forward: "cpu" (or NULL, the default), "cuda" or
+   * "cuda:N". A CUDA device needs a V2 / V3 target, a bf16 `kv_dtype` and bf16 routed
+   * experts; the prefix cache and the second KV tier are off there; a machine without a CUDA
+   * driver or device makes `specmla_engine_create` fail with a message saying so.
+   */
+  const char *device;
 } specmla_engine_params;
 
 /**

@@ -42,6 +42,8 @@ struct Planned {
 }
 
 pub(crate) struct Core {
+    /// The target's CUDA backend (`EngineConfig::device`); None: the CPU kernels.
+    pub cuda: Option<Arc<crate::cuda::CudaBackend>>,
     pub model: Arc<Model>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub kv: KvCache,
@@ -437,7 +439,12 @@ impl Core {
                     }
                 })
                 .collect();
-            self.model.forward_out(&mut self.kv, &chunks, want_hidden)?
+            match &self.cuda {
+                Some(b) => self
+                    .model
+                    .forward_on(b.as_ref(), &mut self.kv, &chunks, want_hidden)?,
+                None => self.model.forward_out(&mut self.kv, &chunks, want_hidden)?,
+            }
         };
         let secs = t0.elapsed().as_secs_f64();
         self.time_target_s += secs;

@@ -92,6 +92,12 @@ pub struct EngineConfig {
     /// The target cache's second tier (`kv::tier`): evicted prefix blocks kept in host memory
     /// and, with a directory, in a file that outlives the engine. None = off.
     pub kv_offload: Option<crate::kv::TierConfig>,
+    /// Where the TARGET's forward runs: the CPU kernels (default) or a CUDA device
+    /// (`cuda::CudaBackend`; drafters, sampling and scheduling stay on the host). A CUDA device
+    /// needs a V2 / V3 target with a bf16 latent cache and bf16 routed experts; the prefix cache
+    /// and the second KV tier are off there (their block copies are host-side). A machine
+    /// without a driver or device gives an error at creation.
+    pub device: crate::backend::Device,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +117,7 @@ impl Default for EngineConfig {
             spec: SpecMode::Fixed(4),
             isa: None,
             kv_offload: None,
+            device: crate::backend::Device::Cpu,
         }
     }
 }
@@ -295,6 +302,28 @@ impl Engine {
             }
             (None, None) => 0,
         };
+        let mut cfg = cfg;
+        let cuda = match cfg.device {
+            crate::backend::Device::Cpu => None,
+            crate::backend::Device::Cuda(ordinal) => {
+                if cfg.kv_offload.is_some() {
+                    return Err(Error::InvalidArgument(
+                        "kv_offload: the second KV tier is not available with a CUDA device \
+                         (its records are copied from host storage)"
+                            .into(),
+                    ));
+                }
+                if cfg.kv_dtype != KvDtype::Bf16 {
+                    return Err(Error::InvalidArgument(format!(
+                        "device {}: the CUDA backend's latent cache is bf16 (kv_dtype {:?} asked)",
+                        cfg.device, cfg.kv_dtype
+                    )));
+                }
+                // Shared prefix blocks are copied on write by the host cache only.
+                cfg.prefix_cache = false;
+                Some(Arc::new(crate::cuda::CudaBackend::new(&model, ordinal, None)?))
+            }
+        };
         let mut kv = KvCache::new(kc.with_window_blocks(window_blocks))?;
         if let Some(t) = &cfg.kv_offload {
             kv.attach_tier(t, model.fingerprint())?;
@@ -327,6 +356,7 @@ impl Engine {
             k_max,
         });
         let core = Core {
+            cuda,
             model,
             tokenizer,
             kv,

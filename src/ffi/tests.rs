@@ -118,6 +118,17 @@ fn engine_params_are_validated() {
         Some(std::path::Path::new("/tmp/specmla-tier"))
     );
     assert_eq!(t.mem_bytes, 1 << 20);
+    // the target's device: NULL = cpu; "cuda" / "cuda:N"; anything else refused, named
+    p = engine_defaults();
+    use crate::backend::Device;
+    assert_eq!(engine_config(&p).expect("default").device, Device::Cpu);
+    for (s, want) in [(c"cpu", Device::Cpu), (c"cuda", Device::Cuda(0)), (c"cuda:2", Device::Cuda(2))] {
+        p.device = s.as_ptr();
+        assert_eq!(engine_config(&p).expect("device").device, want);
+    }
+    p.device = c"tpu:0".as_ptr();
+    let e = engine_config(&p).err().expect("refused");
+    assert!(format!("{e:?}").contains("expected cpu, cuda or cuda:N"), "{e:?}");
 }
 
 #[test]

@@ -92,6 +92,11 @@ pub struct EngineParams {
     /// (NULL, 0) = no tier (default).
     pub kv_offload_dir: *const c_char,
     pub kv_offload_mem_bytes: u64,
+    /// NUL-terminated device of the target's forward: "cpu" (or NULL, the default), "cuda" or
+    /// "cuda:N". A CUDA device needs a V2 / V3 target, a bf16 `kv_dtype` and bf16 routed
+    /// experts; the prefix cache and the second KV tier are off there; a machine without a CUDA
+    /// driver or device makes `specmla_engine_create` fail with a message saying so.
+    pub device: *const c_char,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -331,6 +336,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         kv_window_blocks: 0,
         kv_offload_dir: std::ptr::null(),
         kv_offload_mem_bytes: 0,
+        device: std::ptr::null(),
     }
 }
 
@@ -478,6 +484,13 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
                 },
                 ..Default::default()
             })
+        },
+        device: if p.device.is_null() {
+            crate::backend::Device::Cpu
+        } else {
+            // SAFETY: a non-NULL device is NUL-terminated per the contract.
+            let d = unsafe { super::text::cstr(p.device, "device") }?;
+            crate::backend::Device::parse(d).map_err(|e| FfiError::invalid(e.to_string()))?
         },
     })
 }

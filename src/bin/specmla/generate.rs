@@ -98,6 +98,10 @@ pub struct GenerateArgs {
     /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
+    /// Device of the target's forward: cpu, cuda or cuda:N (the CUDA backend: V2 / V3 targets,
+    /// bf16 KV, bf16 routed experts; no prefix cache or KV tier there).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -189,6 +193,7 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
             SpecMode::Fixed(a.num_draft_tokens)
         },
         isa: parse_isa(&a.isa)?,
+        device: specmla::backend::Device::parse(&a.device)?,
         kv_offload: match (&a.kv_offload_dir, a.kv_offload_mem_mb) {
             (None, 0) => None,
             (dir, mb) => Some(specmla::kv::TierConfig {

@@ -148,6 +148,7 @@ pub fn run(
         spec: SpecMode::Fixed(0),
         isa: isa_level,
         kv_offload: None,
+        device: Default::default(),
     };
     let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
     let vocab = c.vocab_size;

@@ -368,6 +368,7 @@ fn run_target(
         spec: SpecMode::Fixed(0),
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
+        device: Default::default(),
     };
     let mut budget_sets: Vec<(String, Vec<Option<usize>>)> =
         vec![("none".into(), vec![None; items.len()])];

@@ -91,6 +91,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         spec: SpecMode::Fixed(k),
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
+        device: Default::default(),
     };
     let src = || DraftSource::Dir(draft.to_path_buf());
     let engine = Engine::new(target, src(), base.clone())?;
