@@ -464,3 +464,91 @@ fn bandwidth(gpu: &Gpu, r: &mut Rand) -> Result<CheckLine> {
         ),
     ))
 }
+
+/// The golden fixtures through the CUDA backend (`EngineConfig::device`), for every fixture the
+/// backend runs (V2 / V3 with bf16 routed experts): greedy generation on the GPU against the CPU
+/// engine (same bf16 KV; log-probs of the positions before the first differing token within
+/// 2e-3, and at least the first token equal), then greedy n-gram speculation on the GPU against
+/// plain GPU decoding, bitwise (tokens and log-probs: every kernel is batch invariant).
+pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result<Vec<CheckLine>> {
+    use crate::backend::Device;
+    use crate::engine::{DraftSource, Engine, EngineConfig, Prompt, Request};
+    use crate::kv::KvDtype;
+    use crate::spec::SpecMode;
+    let mut out = Vec::new();
+    for dir in fixtures {
+        let name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let model = match crate::model::Model::load_dir(dir) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(line(&format!("forward {name}"), f64::INFINITY, 0.0, format!("load: {e}")));
+                continue;
+            }
+        };
+        if let Err(e) = super::CudaBackend::check_model(&model) {
+            println!("skip  forward {name}: {e}");
+            continue;
+        }
+        let vocab = model.config.vocab_size as u32;
+        let reqs = || -> Vec<Request> {
+            (0..3u32)
+                .map(|i| {
+                    let ids: Vec<u32> = (0..12 + 5 * i).map(|j| 3 + (j * 7 + i * 13) % (vocab - 3)).collect();
+                    let mut r = Request::new(Prompt::Tokens(ids));
+                    r.sampling.max_tokens = 12;
+                    r.sampling.ignore_eos = true;
+                    r.logprobs = true;
+                    r
+                })
+                .collect()
+        };
+        let cfg = |device, spec| EngineConfig {
+            kv_dtype: KvDtype::Bf16,
+            prefix_cache: false,
+            num_blocks: 64,
+            draft_num_blocks: 64,
+            spec,
+            device,
+            ..EngineConfig::default()
+        };
+        let run = |device, draft, spec| -> Result<Vec<crate::engine::Output>> {
+            Engine::new(dir, draft, cfg(device, spec))?.generate(reqs())
+        };
+        let cpu = run(Device::Cpu, DraftSource::None, SpecMode::Fixed(0))?;
+        let gpu = match run(Device::Cuda(ordinal), DraftSource::None, SpecMode::Fixed(0)) {
+            Ok(g) => g,
+            Err(e) => {
+                out.push(line(&format!("forward {name}"), f64::INFINITY, 0.0, format!("{e}")));
+                continue;
+            }
+        };
+        let (mut err, mut same, mut total, mut first_ok) = (0f64, 0usize, 0usize, true);
+        for (c, g) in cpu.iter().zip(&gpu) {
+            let agree = c.token_ids.iter().zip(&g.token_ids).take_while(|(a, b)| a == b).count();
+            first_ok &= agree > 0;
+            same += agree;
+            total += c.token_ids.len();
+            for i in 0..agree {
+                err = err.max((c.logprobs[i] as f64 - g.logprobs[i] as f64).abs());
+            }
+        }
+        out.push(line(
+            &format!("forward {name}"),
+            if first_ok { err } else { f64::INFINITY },
+            2e-3,
+            format!("greedy GPU vs CPU: {same}/{total} tokens agree before the first difference; max |d logprob| there"),
+        ));
+        let spec = run(Device::Cuda(ordinal), DraftSource::Ngram { min_n: 1, max_n: 3 }, SpecMode::Fixed(3))?;
+        let exact = gpu
+            .iter()
+            .zip(&spec)
+            .all(|(a, b)| a.token_ids == b.token_ids && a.logprobs.iter().zip(&b.logprobs).all(|(x, y)| x.to_bits() == y.to_bits()));
+        out.push(line(
+            &format!("spec exact {name}"),
+            if exact { 0.0 } else { 1.0 },
+            0.0,
+            "greedy n-gram speculation (k = 3) on the GPU vs plain GPU decoding, tokens + log-probs bitwise".into(),
+        ));
+    }
+    Ok(out)
+}

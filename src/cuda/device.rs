@@ -21,6 +21,17 @@ pub(crate) fn drv(e: impl std::fmt::Debug) -> Error {
     Error::Engine(format!("CUDA: {e:?}"))
 }
 
+static DEFAULT_CUBIN_DIR: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+
+/// Where [`Gpu::open`] reads cubins when it is given no directory and NVRTC does not load (a
+/// GPU machine without the NVRTC wheel: `specmla gpu-check --cubin-dir` sets it for the engines
+/// it creates). Process-wide.
+pub fn set_default_cubin_dir(dir: Option<std::path::PathBuf>) {
+    if let Ok(mut d) = DEFAULT_CUBIN_DIR.lock() {
+        *d = dir;
+    }
+}
+
 /// An open device with the kernels loaded.
 pub struct Gpu {
     pub name: String,
@@ -53,6 +64,8 @@ impl Gpu {
         let (maj, min) = ctx.compute_capability().map_err(drv)?;
         let arch = format!("sm_{maj}{min}");
         let name = ctx.name().map_err(drv)?;
+        let fallback = DEFAULT_CUBIN_DIR.lock().ok().and_then(|d| d.clone());
+        let cubin_dir = cubin_dir.or(fallback.as_deref());
         let mut funcs = HashMap::new();
         for k in kernel_sources() {
             let bin = if super::nvrtc::available() {

@@ -17,12 +17,24 @@ pub struct GpuCheckArgs {
     /// Directory of precompiled cubins (`<file>.<arch>.cubin`), used when NVRTC is absent.
     #[arg(long)]
     pub cubin_dir: Option<PathBuf>,
+    /// Golden fixtures run through the CUDA backend (each subdirectory with a config.json).
+    #[arg(long, default_value = "models/golden")]
+    pub fixtures: PathBuf,
 }
 
 pub fn run(a: GpuCheckArgs) -> Result<()> {
     let gpu = specmla::cuda::Gpu::open(a.device, a.cubin_dir.as_deref())?;
     println!("device {}: {} ({})", a.device, gpu.name, gpu.arch);
-    let lines = specmla::cuda::check::gpu_check(&gpu)?;
+    let mut lines = specmla::cuda::check::gpu_check(&gpu)?;
+    drop(gpu);
+    // the golden fixtures through the CUDA backend (engines of their own; same cubins)
+    specmla::cuda::device::set_default_cubin_dir(a.cubin_dir.clone());
+    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&a.fixtures)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    fixtures.retain(|p| p.join("config.json").is_file());
+    fixtures.sort();
+    lines.extend(specmla::cuda::check::forward_checks(a.device, &fixtures)?);
     let mut failed = 0;
     for l in &lines {
         println!(
