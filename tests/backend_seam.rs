@@ -64,7 +64,13 @@ impl Backend for Recording {
         self.count("attention");
         CpuBackend.attention(cfg, rope, a, kv_layer, xn, pos, chunks, kv)
     }
-    fn ffn(&self, cfg: &ModelConfig, f: &Ffn, xn: &Vec<f32>, n: usize) -> Result<(Vec<f32>, usize)> {
+    fn ffn(
+        &self,
+        cfg: &ModelConfig,
+        f: &Ffn,
+        xn: &Vec<f32>,
+        n: usize,
+    ) -> Result<(Vec<f32>, usize)> {
         let i = self.count("ffn");
         if self.fail_ffn_at == Some(i) {
             return Err(Error::Engine("injected device failure".into()));
@@ -88,7 +94,11 @@ impl Backend for Recording {
 
 /// A prompt forward then one decode token of the same sequence through `b`. -> (logits of
 /// every prompt row + the decode row, hidden states of the prompt)
-fn prompt_and_decode<B: Backend>(b: &B, model: &Model, ids: &[u32]) -> Result<(Vec<f32>, Vec<f32>)> {
+fn prompt_and_decode<B: Backend>(
+    b: &B,
+    model: &Model,
+    ids: &[u32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let mut kv = kv_for(model, KvDtype::Bf16, 8);
     let mut seq = SeqKv::new();
     let n = ids.len() - 1;
@@ -131,23 +141,40 @@ fn the_forward_runs_every_op_through_the_backend_and_the_cpu_backend_is_the_old_
     let a = model
         .forward_out(
             &mut kv,
-            &[SeqChunk { kv: &seq, start: 0, tokens: &ids[..n], mha_until: n, logits: LogitsMode::All }],
+            &[SeqChunk {
+                kv: &seq,
+                start: 0,
+                tokens: &ids[..n],
+                mha_until: n,
+                logits: LogitsMode::All,
+            }],
             true,
         )
         .unwrap();
     let b = model
         .forward(
             &mut kv,
-            &[SeqChunk { kv: &seq, start: n, tokens: &ids[n..], mha_until: n, logits: LogitsMode::All }],
+            &[SeqChunk {
+                kv: &seq,
+                start: n,
+                tokens: &ids[n..],
+                mha_until: n,
+                logits: LogitsMode::All,
+            }],
         )
         .unwrap();
     let want: Vec<f32> = a.logits.iter().chain(&b).copied().collect();
     assert_eq!(got.len(), ids.len() * model.config.vocab_size);
     assert!(
-        got.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+        got.iter()
+            .zip(&want)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
         "the seam changed the CPU logits"
     );
-    assert!(hidden.iter().zip(&a.hidden).all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(hidden
+        .iter()
+        .zip(&a.hidden)
+        .all(|(x, y)| x.to_bits() == y.to_bits()));
     // every op of both forwards went through the backend: per forward 1 embed, per layer
     // 2 norms + attention + ffn + 2 adds, one logits tail
     let layers = model.layers.len();
@@ -168,7 +195,9 @@ fn a_failing_op_is_an_error_and_the_model_keeps_working() {
         fail_ffn_at: Some(3),
         ..Default::default()
     };
-    let e = prompt_and_decode(&bad, &model, &ids).unwrap_err().to_string();
+    let e = prompt_and_decode(&bad, &model, &ids)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("injected device failure"), "{e}");
     // the model is untouched: a clean backend gives the CPU result
     let (a, _) = prompt_and_decode(&CpuBackend, &model, &ids).unwrap();
@@ -191,7 +220,10 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
         kv_dtype: KvDtype::F32,
         ..EngineConfig::default()
     };
-    let e = Engine::from_model(model.clone(), None, cfg).err().expect("f32 KV refused").to_string();
+    let e = Engine::from_model(model.clone(), None, cfg)
+        .err()
+        .expect("f32 KV refused")
+        .to_string();
     assert!(e.contains("bf16"), "{e}");
     let cfg = EngineConfig {
         device: Device::Cuda(0),
@@ -199,13 +231,18 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
         kv_offload: Some(specmla::kv::TierConfig::default()),
         ..EngineConfig::default()
     };
-    let e = Engine::from_model(model.clone(), None, cfg).err().expect("tier refused").to_string();
+    let e = Engine::from_model(model.clone(), None, cfg)
+        .err()
+        .expect("tier refused")
+        .to_string();
     assert!(e.contains("second KV tier"), "{e}");
     // what the CUDA backend runs: the bundled target yes; V4 and V3.2 no (named)
     specmla::cuda::CudaBackend::check_model(&model).unwrap();
     for (fixture, want) in [("v4_mixed", "DeepSeek-V4"), ("v32_odd", "indexer")] {
         let m = Model::load_dir(&repo().join("models/golden").join(fixture)).unwrap();
-        let e = specmla::cuda::CudaBackend::check_model(&m).unwrap_err().to_string();
+        let e = specmla::cuda::CudaBackend::check_model(&m)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(want), "{fixture}: {e}");
     }
     if !has_cuda_driver() {
@@ -214,7 +251,10 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
             kv_dtype: KvDtype::Bf16,
             ..EngineConfig::default()
         };
-        let e = Engine::from_model(model.clone(), None, cfg).err().expect("no driver").to_string();
+        let e = Engine::from_model(model.clone(), None, cfg)
+            .err()
+            .expect("no driver")
+            .to_string();
         assert!(e.contains("CUDA") || e.contains("NVRTC"), "{e}");
     }
     // and the process keeps serving on the CPU

@@ -59,7 +59,13 @@ impl Backend for CpuBackend {
         Ok(mla_attention(cfg, rope, a, kv_layer, xn, pos, chunks, kv))
     }
 
-    fn ffn(&self, cfg: &ModelConfig, f: &Ffn, xn: &Vec<f32>, n: usize) -> Result<(Vec<f32>, usize)> {
+    fn ffn(
+        &self,
+        cfg: &ModelConfig,
+        f: &Ffn,
+        xn: &Vec<f32>,
+        n: usize,
+    ) -> Result<(Vec<f32>, usize)> {
         Ok(match f {
             Ffn::Dense(e) => (mlp(e, xn, n), e.nbytes()),
             Ffn::Moe(m) => {

@@ -58,7 +58,14 @@ mod tests {
         for d in [Device::Cpu, Device::Cuda(0), Device::Cuda(7)] {
             assert_eq!(Device::parse(&d.to_string()).unwrap(), d);
         }
-        for bad in ["cuda:", "cuda:-1", "cuda:x", "tpu", "cuda:99999", "cuda:1:2"] {
+        for bad in [
+            "cuda:",
+            "cuda:-1",
+            "cuda:x",
+            "tpu",
+            "cuda:99999",
+            "cuda:1:2",
+        ] {
             let e = Device::parse(bad).unwrap_err().to_string();
             assert!(e.contains("expected cpu, cuda or cuda:N"), "{bad}: {e}");
         }

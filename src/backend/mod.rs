@@ -63,7 +63,13 @@ pub trait Backend {
 
     /// The layer's feed-forward (dense MLP, or MoE routing + routed and shared experts).
     /// xn: [n, hidden]. -> ([n, hidden], weight bytes it read: the union of selected experts)
-    fn ffn(&self, cfg: &ModelConfig, f: &Ffn, xn: &Self::Act, n: usize) -> Result<(Self::Act, usize)>;
+    fn ffn(
+        &self,
+        cfg: &ModelConfig,
+        f: &Ffn,
+        xn: &Self::Act,
+        n: usize,
+    ) -> Result<(Self::Act, usize)>;
 
     /// The forward's tail: final RMSNorm, the logits of `rows` through `lm_head`, and (with
     /// `want_hidden`) every row's normalised hidden state. x: [n, hidden].

@@ -313,9 +313,9 @@ impl CudaBackend {
     }
 
     fn vec(&self, v: &[f32]) -> Result<&CudaSlice<f32>> {
-        self.vecs
-            .get(&(v.as_ptr() as usize))
-            .ok_or_else(|| Error::Engine("CUDA backend: a norm / router weight is not on the device".into()))
+        self.vecs.get(&(v.as_ptr() as usize)).ok_or_else(|| {
+            Error::Engine("CUDA backend: a norm / router weight is not on the device".into())
+        })
     }
 
     fn zeros(&self, n: usize) -> Result<CudaSlice<f32>> {
@@ -347,7 +347,13 @@ impl CudaBackend {
                 }
                 DevW::Fp8(w, sc) => {
                     let mut b = s.launch_builder(self.gpu.func("gemm_fp8_block_smalln")?);
-                    b.arg(w).arg(sc).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
+                    b.arg(w)
+                        .arg(sc)
+                        .arg(&xv)
+                        .arg(&mut yv)
+                        .arg(&r)
+                        .arg(&c)
+                        .arg(&kk);
                     // SAFETY: kernels/gemm_fp8.cu's signature; cols % 128 == 0 (upload_matrix).
                     unsafe { b.launch(cfg) }.map_err(drv)?;
                 }
@@ -404,13 +410,26 @@ impl CudaBackend {
     ) -> Result<()> {
         let a = [src_stride, src_off, dst_stride, dst_off, width].map(|v| v as i32);
         let mut b = self.s().launch_builder(self.gpu.func("copy_cols_f32")?);
-        b.arg(src).arg(&a[0]).arg(&a[1]).arg(dst).arg(&a[2]).arg(&a[3]).arg(&a[4]);
+        b.arg(src)
+            .arg(&a[0])
+            .arg(&a[1])
+            .arg(dst)
+            .arg(&a[2])
+            .arg(&a[3])
+            .arg(&a[4]);
         // SAFETY: kernels/elementwise.cu's signature; the caller's strides cover the buffers.
         unsafe { b.launch(grid(g1(rows), 128)) }.map_err(drv)?;
         Ok(())
     }
 
-    fn norm_rows(&self, x: &CudaSlice<f32>, n: usize, w: &CudaSlice<f32>, cols: usize, eps: f32) -> Result<CudaSlice<f32>> {
+    fn norm_rows(
+        &self,
+        x: &CudaSlice<f32>,
+        n: usize,
+        w: &CudaSlice<f32>,
+        cols: usize,
+        eps: f32,
+    ) -> Result<CudaSlice<f32>> {
         let mut y = self.zeros(n * cols)?;
         let c = cols as i32;
         let mut b = self.s().launch_builder(self.gpu.func("rms_norm_f32")?);
@@ -433,7 +452,9 @@ impl CudaBackend {
         rope_dim: usize,
     ) -> Result<()> {
         let a = [heads, head_dim, offset, rope_dim, n].map(|v| v as i32);
-        let mut b = self.s().launch_builder(self.gpu.func("rope_interleaved_f32")?);
+        let mut b = self
+            .s()
+            .launch_builder(self.gpu.func("rope_interleaved_f32")?);
         b.arg(x).arg(&tables.2).arg(&tables.0).arg(&tables.1);
         b.arg(&a[0]).arg(&a[1]).arg(&a[2]).arg(&a[3]).arg(&a[4]);
         // SAFETY: kernels/rope.cu's signature; the table has one row per token (index t).
@@ -442,7 +463,11 @@ impl CudaBackend {
     }
 
     /// The device latent cache of `kv` (created zeroed on first use).
-    fn with_kv<R>(&self, kv: &KvCache, f: impl FnOnce(&mut Vec<CudaSlice<u16>>) -> Result<R>) -> Result<R> {
+    fn with_kv<R>(
+        &self,
+        kv: &KvCache,
+        f: impl FnOnce(&mut Vec<CudaSlice<u16>>) -> Result<R>,
+    ) -> Result<R> {
         let kc = kv.config();
         let g = &kc.groups[KvCache::LATENT];
         if g.dtype != KvDtype::Bf16 {
@@ -468,7 +493,13 @@ impl CudaBackend {
     }
 
     /// Routed experts of `m` for xn [n, hidden] with the host's routing. -> ([n, hidden], bytes)
-    fn moe(&self, cfg: &ModelConfig, m: &Moe, xn: &CudaSlice<f32>, n: usize) -> Result<(CudaSlice<f32>, usize)> {
+    fn moe(
+        &self,
+        cfg: &ModelConfig,
+        m: &Moe,
+        xn: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<(CudaSlice<f32>, usize)> {
         let moe_cfg = cfg
             .moe
             .as_ref()
@@ -493,9 +524,17 @@ impl CudaBackend {
         let (mut tok, mut ex, mut wt) = (Vec::new(), Vec::new(), Vec::new());
         let mut active = vec![false; ne];
         for t in 0..n {
-            let r = route(moe_cfg, cfg.model_type, &logits[t * ne..(t + 1) * ne], m.bias.as_deref());
+            let r = route(
+                moe_cfg,
+                cfg.model_type,
+                &logits[t * ne..(t + 1) * ne],
+                m.bias.as_deref(),
+            );
             if r.len() != k {
-                return Err(Error::Engine(format!("routing gave {} experts, want {k}", r.len())));
+                return Err(Error::Engine(format!(
+                    "routing gave {} experts, want {k}",
+                    r.len()
+                )));
             }
             for (e, w) in r {
                 tok.push(t as i32);
@@ -506,7 +545,10 @@ impl CudaBackend {
         }
         let bytes = m.gate.len() * 4
             + m.shared.as_ref().map_or(0, Expert::nbytes)
-            + (0..ne).filter(|&e| active[e]).map(|e| m.experts[e].nbytes()).sum::<usize>();
+            + (0..ne)
+                .filter(|&e| active[e])
+                .map(|e| m.experts[e].nbytes())
+                .sum::<usize>();
         let de = self
             .experts
             .get(&key(m))
@@ -518,14 +560,36 @@ impl CudaBackend {
         let mut out = self.zeros(n * h)?; // [n, hidden]
         let (hh, ii, kk) = (h as i32, de.inter as i32, k as i32);
         let s = self.s();
-        let mut b = s.launch_builder(self.gpu.func("moe_gate_up_bf16")?);
-        b.arg(&de.gate).arg(&de.up).arg(xn).arg(&dt).arg(&dex).arg(&mut hid).arg(&hh).arg(&ii);
-        // SAFETY: kernels/moe_experts.cu's signature; expert ids < E (the router's).
-        unsafe { b.launch(grid((de.inter.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
-        let mut b = s.launch_builder(self.gpu.func("moe_down_bf16")?);
-        b.arg(&de.down).arg(&hid).arg(&dex).arg(&mut y).arg(&hh).arg(&ii);
-        // SAFETY: as above.
-        unsafe { b.launch(grid((h.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
+        // grid.y is at most 65535: long prompts go in passes of ITEMS assignments
+        const ITEMS: usize = 32768;
+        for a0 in (0..na).step_by(ITEMS) {
+            let m = ITEMS.min(na - a0);
+            let (tv, ev) = (dt.slice(a0..a0 + m), dex.slice(a0..a0 + m));
+            let mut hv = hid.slice_mut(a0 * de.inter..(a0 + m) * de.inter);
+            let mut b = s.launch_builder(self.gpu.func("moe_gate_up_bf16")?);
+            b.arg(&de.gate)
+                .arg(&de.up)
+                .arg(xn)
+                .arg(&tv)
+                .arg(&ev)
+                .arg(&mut hv)
+                .arg(&hh)
+                .arg(&ii);
+            // SAFETY: kernels/moe_experts.cu's signature; expert ids < E (the router's).
+            unsafe { b.launch(grid((de.inter.div_ceil(8) as u32, m as u32, 1), 256)) }
+                .map_err(drv)?;
+            let hv = hid.slice(a0 * de.inter..(a0 + m) * de.inter);
+            let mut yv = y.slice_mut(a0 * h..(a0 + m) * h);
+            let mut b = s.launch_builder(self.gpu.func("moe_down_bf16")?);
+            b.arg(&de.down)
+                .arg(&hv)
+                .arg(&ev)
+                .arg(&mut yv)
+                .arg(&hh)
+                .arg(&ii);
+            // SAFETY: as above.
+            unsafe { b.launch(grid((h.div_ceil(8) as u32, m as u32, 1), 256)) }.map_err(drv)?;
+        }
         let mut b = s.launch_builder(self.gpu.func("moe_combine")?);
         b.arg(&y).arg(&dw).arg(&mut out).arg(&hh).arg(&kk);
         // SAFETY: as above; exactly k assignments per token, token-major.
@@ -561,6 +625,58 @@ impl CudaBackend {
     }
 }
 
+/// cos / sin of every rotary pair at each position, times the cos/sin factor, exactly as
+/// `Rope::apply` uses them (read back from rotating the unit pair (1, 0)). -> ([n, rope / 2] x 2)
+pub(crate) fn rope_tables(rope: &Rope, pos: &[usize], rdim: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = rdim / 2;
+    let (mut cos, mut sin) = (vec![0f32; pos.len() * half], vec![0f32; pos.len() * half]);
+    let mut e = vec![0f32; rdim]; // [rope]
+    for (t, &p) in pos.iter().enumerate() {
+        for i in 0..half {
+            e.fill(0.0);
+            e[2 * i] = 1.0;
+            rope.apply(&mut e, p);
+            cos[t * half + i] = e[2 * i];
+            sin[t * half + i] = e[2 * i + 1];
+        }
+    }
+    (cos, sin)
+}
+
+/// The device attention's addressing from the host block tables: every new token's cache slot
+/// (block * block_size + offset), its sequence (chunk) index, and the padded block table.
+/// -> (slots [n], q_seq [n], table [n_seqs, max_blocks], max_blocks)
+pub(crate) fn seq_tables(
+    chunks: &[SeqChunk],
+    bs: usize,
+) -> Result<(Vec<i64>, Vec<i32>, Vec<i32>, usize)> {
+    let max_blocks = chunks
+        .iter()
+        .map(|c| c.kv.blocks().len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut table = vec![0i32; chunks.len() * max_blocks]; // [n_seqs, max_blocks]
+    let (mut slots, mut q_seq) = (Vec::new(), Vec::new());
+    for (si, ch) in chunks.iter().enumerate() {
+        let blocks = ch.kv.blocks();
+        for (j, &b) in blocks.iter().enumerate() {
+            table[si * max_blocks + j] = b as i32;
+        }
+        for i in 0..ch.tokens.len() {
+            let p = ch.start + i;
+            let b = *blocks.get(p / bs).ok_or_else(|| {
+                Error::Engine(format!(
+                    "CUDA backend: position {p} has no reserved KV block"
+                ))
+            })?;
+            slots.push((b as usize * bs + p % bs) as i64);
+            q_seq.push(si as i32);
+        }
+    }
+    Ok((slots, q_seq, table, max_blocks))
+}
+
 /// Activations on the device: [n, width] f32.
 pub struct DevAct {
     pub(crate) buf: CudaSlice<f32>,
@@ -571,7 +687,10 @@ impl Backend for CudaBackend {
     type Act = DevAct;
 
     fn name(&self) -> String {
-        format!("cuda:{} ({}, {})", self.ordinal, self.gpu.name, self.gpu.arch)
+        format!(
+            "cuda:{} ({}, {})",
+            self.ordinal, self.gpu.name, self.gpu.arch
+        )
     }
 
     fn embed(&self, embed: &Matrix, tokens: &[u32]) -> Result<DevAct> {
@@ -596,7 +715,9 @@ impl Backend for CudaBackend {
 
     fn add_assign(&self, x: &mut DevAct, y: &DevAct) -> Result<()> {
         if x.len != y.len {
-            return Err(Error::Engine("CUDA backend: residual add of unequal shapes".into()));
+            return Err(Error::Engine(
+                "CUDA backend: residual add of unequal shapes".into(),
+            ));
         }
         self.add(&mut x.buf, &y.buf, x.len)
     }
@@ -641,19 +762,7 @@ impl Backend for CudaBackend {
         let mut kpe = self.zeros(n * rdim)?; // [n, rope]
         self.copy_cols(&ckv, kvd, kvl, &mut kpe, rdim, 0, rdim, n)?;
         // RoPE tables for this forward's positions, from the CPU's Rope (same values)
-        let half = rdim / 2;
-        let (mut cos, mut sin) = (vec![0f32; n * half], vec![0f32; n * half]); // [n, rope / 2]
-        for (t, &p) in pos.iter().enumerate() {
-            let mut e = vec![0f32; rdim];
-            for i in 0..half {
-                // rotate the unit pair (1, 0): gives (cos, sin) times the attention factor
-                e.iter_mut().for_each(|v| *v = 0.0);
-                e[2 * i] = 1.0;
-                rope.apply(&mut e, p);
-                cos[t * half + i] = e[2 * i];
-                sin[t * half + i] = e[2 * i + 1];
-            }
-        }
+        let (cos, sin) = rope_tables(rope, pos, rdim); // [n, rope / 2] each
         let idx: Vec<i32> = (0..n as i32).collect();
         let tables = (self.up(&cos)?, self.up(&sin)?, self.up(&idx)?);
         let mut kpe = kpe;
@@ -664,31 +773,18 @@ impl Backend for CudaBackend {
         self.copy_cols(&c, kvl, 0, &mut slot_rows, kvd, 0, kvl, n)?;
         self.copy_cols(&kpe, rdim, 0, &mut slot_rows, kvd, kvl, rdim, n)?;
         let bs = kv.config().block_size;
-        let mut slots = Vec::with_capacity(n); // [n] i64
-        let mut q_seq = Vec::with_capacity(n); // [n] i32
-        let max_blocks = chunks.iter().map(|c| c.kv.blocks().len()).max().unwrap_or(1).max(1);
-        let mut table = vec![0i32; chunks.len() * max_blocks]; // [n_seqs, max_blocks]
-        for (si, ch) in chunks.iter().enumerate() {
-            let blocks = ch.kv.blocks();
-            for (j, &b) in blocks.iter().enumerate() {
-                table[si * max_blocks + j] = b as i32;
-            }
-            for i in 0..ch.tokens.len() {
-                let p = ch.start + i;
-                let b = *blocks.get(p / bs).ok_or_else(|| {
-                    Error::Engine(format!("CUDA backend: position {p} has no reserved KV block"))
-                })?;
-                slots.push((b as usize * bs + p % bs) as i64);
-                q_seq.push(si as i32);
-            }
-        }
+        let (slots, q_seq, table, max_blocks) = seq_tables(chunks, bs)?;
         let q_pos: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
-        let (dslots, dtable, dseq, dpos) = (self.up(&slots)?, self.up(&table)?, self.up(&q_seq)?, self.up(&q_pos)?);
+        let (dslots, dtable, dseq, dpos) = (
+            self.up(&slots)?,
+            self.up(&table)?,
+            self.up(&q_seq)?,
+            self.up(&q_pos)?,
+        );
         // absorbed queries: q_lat [n*H, kv_lora] = W_UK^T[h] q_nope; q_pe [n*H, rope]
-        let ab = self
-            .absorb
-            .get(&key(a))
-            .ok_or_else(|| Error::Engine("CUDA backend: attention weights not on the device".into()))?;
+        let ab = self.absorb.get(&key(a)).ok_or_else(|| {
+            Error::Engine("CUDA backend: attention weights not on the device".into())
+        })?;
         let mut q_nope = self.zeros(n * nh * nope)?;
         self.copy_cols(&q, qk, 0, &mut q_nope, nope, 0, nope, n * nh)?;
         let mut q_pe = self.zeros(n * nh * rdim)?;
@@ -721,13 +817,29 @@ impl Backend for CudaBackend {
                 rdim as i32,
             );
             let mut b = s.launch_builder(self.gpu.func("mla_decode_split")?);
-            b.arg(&*cache).arg(&dtable).arg(&mb).arg(&bsz).arg(&dseq).arg(&dpos);
-            b.arg(&q_lat).arg(&q_pe).arg(&scale).arg(&h).arg(&ns).arg(&lat).arg(&rp);
+            b.arg(&*cache)
+                .arg(&dtable)
+                .arg(&mb)
+                .arg(&bsz)
+                .arg(&dseq)
+                .arg(&dpos);
+            b.arg(&q_lat)
+                .arg(&q_pe)
+                .arg(&scale)
+                .arg(&h)
+                .arg(&ns)
+                .arg(&lat)
+                .arg(&rp);
             b.arg(&mut ml).arg(&mut acc);
             // SAFETY: kernels/mla_decode.cu's signature; the tables index reserved blocks.
             unsafe { b.launch(grid((n as u32, nh as u32, n_splits as u32), 128)) }.map_err(drv)?;
             let mut b = s.launch_builder(self.gpu.func("mla_decode_combine")?);
-            b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&lat).arg(&mut ctx);
+            b.arg(&ml)
+                .arg(&acc)
+                .arg(&h)
+                .arg(&ns)
+                .arg(&lat)
+                .arg(&mut ctx);
             // SAFETY: as above.
             unsafe { b.launch(grid((n as u32, nh as u32, 1), 128)) }.map_err(drv)?;
             Ok(())
@@ -786,5 +898,121 @@ impl Backend for CudaBackend {
         let lg = self.gemm(lm_head, &hs, rows.len())?; // [n_rows, vocab]
         let logits = self.s().clone_dtoh(&lg).map_err(drv)?;
         Ok((logits, hidden))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{KvConfig, SeqKv};
+    use crate::model::LogitsMode;
+
+    /// The kernel's rotation (kernels/rope.cu) with the host tables is the CPU's `Rope::apply`.
+    #[test]
+    fn rope_tables_reproduce_the_cpu_rotation() {
+        let cfg = crate::config::ModelConfig::from_json_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/models/target/config.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let rope = Rope::new(&cfg);
+        let rdim = cfg.qk_rope_head_dim;
+        let pos = [0usize, 1, 7, 63, 200];
+        let (cos, sin) = rope_tables(&rope, &pos, rdim);
+        for (t, &p) in pos.iter().enumerate() {
+            let x: Vec<f32> = (0..rdim)
+                .map(|i| ((i * 37 + t * 11) % 19) as f32 / 7.0 - 1.3)
+                .collect();
+            let mut want = x.clone();
+            rope.apply(&mut want, p);
+            let half = rdim / 2;
+            for i in 0..half {
+                let (c, s) = (cos[t * half + i], sin[t * half + i]);
+                let (a, b) = (x[2 * i], x[2 * i + 1]);
+                let (g0, g1) = (a * c - b * s, a * s + b * c); // the kernel's expressions
+                assert!(
+                    (g0 - want[2 * i]).abs() <= 1e-6 && (g1 - want[2 * i + 1]).abs() <= 1e-6,
+                    "pos {p} pair {i}"
+                );
+            }
+        }
+    }
+
+    /// Slots follow the host table (block * block_size + offset) for every new token of every
+    /// chunk; each token knows its sequence; the table is padded per sequence.
+    #[test]
+    fn seq_tables_address_the_host_blocks() {
+        let cfg = crate::config::ModelConfig::from_json_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/models/target/config.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let bs = 4;
+        let mut kv = KvCache::new(KvConfig::for_model(&cfg, bs, 16, KvDtype::Bf16)).unwrap();
+        let (mut a, mut b) = (SeqKv::new(), SeqKv::new());
+        let p = kv.plan_grow(&a, 3).unwrap();
+        kv.commit_grow(&mut a, p);
+        let p = kv.plan_grow(&b, 9).unwrap();
+        kv.commit_grow(&mut b, p);
+        let p = kv.plan_grow(&a, 10).unwrap(); // a's blocks interleave with b's
+        kv.commit_grow(&mut a, p);
+        let (ta, tb) = ([5u32; 7], [6u32; 2]);
+        let chunks = [
+            SeqChunk {
+                kv: &a,
+                start: 3,
+                tokens: &ta,
+                mha_until: 0,
+                logits: LogitsMode::None,
+            },
+            SeqChunk {
+                kv: &b,
+                start: 7,
+                tokens: &tb,
+                mha_until: 0,
+                logits: LogitsMode::None,
+            },
+        ];
+        let (slots, q_seq, table, mb) = seq_tables(&chunks, bs).unwrap();
+        assert_eq!(mb, a.blocks().len().max(b.blocks().len()));
+        assert_eq!(q_seq, vec![0, 0, 0, 0, 0, 0, 0, 1, 1]);
+        for (i, p) in (3..10).enumerate() {
+            assert_eq!(slots[i], (a.blocks()[p / bs] as usize * bs + p % bs) as i64);
+        }
+        for (i, p) in (7..9).enumerate() {
+            assert_eq!(
+                slots[7 + i],
+                (b.blocks()[p / bs] as usize * bs + p % bs) as i64
+            );
+        }
+        assert_eq!(
+            &table[..a.blocks().len()],
+            &a.blocks().iter().map(|&x| x as i32).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(
+            &table[mb..mb + b.blocks().len()],
+            &b.blocks().iter().map(|&x| x as i32).collect::<Vec<_>>()[..]
+        );
+        // distinct tokens never share a slot
+        let mut u = slots.clone();
+        u.sort();
+        u.dedup();
+        assert_eq!(u.len(), slots.len());
+        // a position past the reserved blocks is an error, not an out-of-bounds write
+        let far = [1u32];
+        let bad = [SeqChunk {
+            kv: &b,
+            start: 40,
+            tokens: &far,
+            mha_until: 0,
+            logits: LogitsMode::None,
+        }];
+        assert!(seq_tables(&bad, bs).is_err());
     }
 }

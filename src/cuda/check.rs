@@ -477,11 +477,18 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
     use crate::spec::SpecMode;
     let mut out = Vec::new();
     for dir in fixtures {
-        let name = dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let name = dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let model = match crate::model::Model::load_dir(dir) {
             Ok(m) => m,
             Err(e) => {
-                out.push(line(&format!("forward {name}"), f64::INFINITY, 0.0, format!("load: {e}")));
+                out.push(line(
+                    &format!("forward {name}"),
+                    f64::INFINITY,
+                    0.0,
+                    format!("load: {e}"),
+                ));
                 continue;
             }
         };
@@ -493,7 +500,9 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
         let reqs = || -> Vec<Request> {
             (0..3u32)
                 .map(|i| {
-                    let ids: Vec<u32> = (0..12 + 5 * i).map(|j| 3 + (j * 7 + i * 13) % (vocab - 3)).collect();
+                    let ids: Vec<u32> = (0..12 + 5 * i)
+                        .map(|j| 3 + (j * 7 + i * 13) % (vocab - 3))
+                        .collect();
                     let mut r = Request::new(Prompt::Tokens(ids));
                     r.sampling.max_tokens = 12;
                     r.sampling.ignore_eos = true;
@@ -518,13 +527,23 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
         let gpu = match run(Device::Cuda(ordinal), DraftSource::None, SpecMode::Fixed(0)) {
             Ok(g) => g,
             Err(e) => {
-                out.push(line(&format!("forward {name}"), f64::INFINITY, 0.0, format!("{e}")));
+                out.push(line(
+                    &format!("forward {name}"),
+                    f64::INFINITY,
+                    0.0,
+                    format!("{e}"),
+                ));
                 continue;
             }
         };
         let (mut err, mut same, mut total, mut first_ok) = (0f64, 0usize, 0usize, true);
         for (c, g) in cpu.iter().zip(&gpu) {
-            let agree = c.token_ids.iter().zip(&g.token_ids).take_while(|(a, b)| a == b).count();
+            let agree = c
+                .token_ids
+                .iter()
+                .zip(&g.token_ids)
+                .take_while(|(a, b)| a == b)
+                .count();
             first_ok &= agree > 0;
             same += agree;
             total += c.token_ids.len();
@@ -538,11 +557,18 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
             2e-3,
             format!("greedy GPU vs CPU: {same}/{total} tokens agree before the first difference; max |d logprob| there"),
         ));
-        let spec = run(Device::Cuda(ordinal), DraftSource::Ngram { min_n: 1, max_n: 3 }, SpecMode::Fixed(3))?;
-        let exact = gpu
-            .iter()
-            .zip(&spec)
-            .all(|(a, b)| a.token_ids == b.token_ids && a.logprobs.iter().zip(&b.logprobs).all(|(x, y)| x.to_bits() == y.to_bits()));
+        let spec = run(
+            Device::Cuda(ordinal),
+            DraftSource::Ngram { min_n: 1, max_n: 3 },
+            SpecMode::Fixed(3),
+        )?;
+        let exact = gpu.iter().zip(&spec).all(|(a, b)| {
+            a.token_ids == b.token_ids
+                && a.logprobs
+                    .iter()
+                    .zip(&b.logprobs)
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+        });
         out.push(line(
             &format!("spec exact {name}"),
             if exact { 0.0 } else { 1.0 },

@@ -21,7 +21,8 @@ pub(crate) fn drv(e: impl std::fmt::Debug) -> Error {
     Error::Engine(format!("CUDA: {e:?}"))
 }
 
-static DEFAULT_CUBIN_DIR: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+static DEFAULT_CUBIN_DIR: std::sync::Mutex<Option<std::path::PathBuf>> =
+    std::sync::Mutex::new(None);
 
 /// Where [`Gpu::open`] reads cubins when it is given no directory and NVRTC does not load (a
 /// GPU machine without the NVRTC wheel: `specmla gpu-check --cubin-dir` sets it for the engines
@@ -336,7 +337,12 @@ impl Gpu {
         // inside the cache.
         unsafe { b.launch(cfg((n_q as u32, heads as u32, n_splits as u32), 128)) }.map_err(drv)?;
         let mut b = s.launch_builder(self.f("mla_decode_combine")?);
-        b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&lat).arg(&mut out);
+        b.arg(&ml)
+            .arg(&acc)
+            .arg(&h)
+            .arg(&ns)
+            .arg(&lat)
+            .arg(&mut out);
         // SAFETY: as above.
         unsafe { b.launch(cfg((n_q as u32, heads as u32, 1), 128)) }.map_err(drv)?;
         s.clone_dtoh(&out).map_err(drv)

@@ -321,7 +321,9 @@ impl Engine {
                 }
                 // Shared prefix blocks are copied on write by the host cache only.
                 cfg.prefix_cache = false;
-                Some(Arc::new(crate::cuda::CudaBackend::new(&model, ordinal, None)?))
+                Some(Arc::new(crate::cuda::CudaBackend::new(
+                    &model, ordinal, None,
+                )?))
             }
         };
         let mut kv = KvCache::new(kc.with_window_blocks(window_blocks))?;

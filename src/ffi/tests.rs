@@ -122,13 +122,20 @@ fn engine_params_are_validated() {
     p = engine_defaults();
     use crate::backend::Device;
     assert_eq!(engine_config(&p).expect("default").device, Device::Cpu);
-    for (s, want) in [(c"cpu", Device::Cpu), (c"cuda", Device::Cuda(0)), (c"cuda:2", Device::Cuda(2))] {
+    for (s, want) in [
+        (c"cpu", Device::Cpu),
+        (c"cuda", Device::Cuda(0)),
+        (c"cuda:2", Device::Cuda(2)),
+    ] {
         p.device = s.as_ptr();
         assert_eq!(engine_config(&p).expect("device").device, want);
     }
     p.device = c"tpu:0".as_ptr();
     let e = engine_config(&p).err().expect("refused");
-    assert!(format!("{e:?}").contains("expected cpu, cuda or cuda:N"), "{e:?}");
+    assert!(
+        format!("{e:?}").contains("expected cpu, cuda or cuda:N"),
+        "{e:?}"
+    );
 }
 
 #[test]

@@ -40,8 +40,19 @@ pub(crate) fn decoder_layer(
     kv: &mut KvCache,
     bytes: &mut u64,
 ) {
-    decoder_layer_on(&CpuBackend, cfg, rope, layer, kv_layer, x, pos, chunks, kv, bytes)
-        .expect("the CPU backend's ops do not fail");
+    decoder_layer_on(
+        &CpuBackend,
+        cfg,
+        rope,
+        layer,
+        kv_layer,
+        x,
+        pos,
+        chunks,
+        kv,
+        bytes,
+    )
+    .expect("the CPU backend's ops do not fail");
 }
 
 /// [`decoder_layer`] through any backend. x: [n, hidden] in the backend's memory.
@@ -134,7 +145,9 @@ impl Model {
         let mut bytes = (n * self.embed.nbytes() / self.embed.rows.max(1)) as u64;
         let mut x = b.embed(&self.embed, &tokens)?; // [n, hidden]
         for (li, layer) in self.layers.iter().enumerate() {
-            decoder_layer_on(b, cfg, &self.rope, layer, li, &mut x, &pos, chunks, kv, &mut bytes)?;
+            decoder_layer_on(
+                b, cfg, &self.rope, layer, li, &mut x, &pos, chunks, kv, &mut bytes,
+            )?;
         }
         let rows = logit_rows(chunks);
         let (logits, hidden) = b.logits(

@@ -228,9 +228,21 @@ pub fn run(
             .build()
             .map_err(|e| Error::Engine(format!("thread pool: {e}")))?;
         for r in 0..rounds {
-            progress(&format!("roofline round {}/{rounds}: probe, then {decode_steps} decode steps", r + 1));
+            progress(&format!(
+                "roofline round {}/{rounds}: probe, then {decode_steps} decode steps",
+                r + 1
+            ));
             let bw_r = pool.install(|| measure_read_bandwidth(probe_bytes, 3));
-            let d = decode(&engine, 1, decode_prompt_len, warmup, decode_steps, vocab, lo, a.seed + 5000 + r as u64)?;
+            let d = decode(
+                &engine,
+                1,
+                decode_prompt_len,
+                warmup,
+                decode_steps,
+                vocab,
+                lo,
+                a.seed + 5000 + r as u64,
+            )?;
             interleaved.push((bw_r, d.secs / d.steps as f64, d.mean_ctx));
         }
     }
@@ -355,7 +367,14 @@ pub fn run(
         let cells: Vec<String> = interleaved
             .iter()
             .zip(&inter_fracs)
-            .map(|(&(bw_r, step, _), f)| format!("{:.1} GB/s {:.1} ms {:.1}%", bw_r / 1e9, 1e3 * step, 100.0 * f))
+            .map(|(&(bw_r, step, _), f)| {
+                format!(
+                    "{:.1} GB/s {:.1} ms {:.1}%",
+                    bw_r / 1e9,
+                    1e3 * step,
+                    100.0 * f
+                )
+            })
             .collect();
         text += &format!(
             "batch-1 roofline, interleaved ({} rounds of probe + {decode_steps} steps): median {:.1}% of the bandwidth probed just before (min {:.1}%, max {:.1}%): {}\n",
