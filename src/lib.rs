@@ -6,7 +6,8 @@
 //! `config` + `weights` -> `model` (weights only) ; `tokenizer` ;
 //! request -> `engine` (scheduler, continuous batching) -> `spec` (propose -> verify -> budget)
 //! -> `model::forward` over a flattened ragged batch, reading and writing the `kv` latent cache
-//! -> `sampling` -> events. `kernels` holds the batch-invariant CPU math; `cuda` the GPU kernels (`kernels/*.cu`) and
+//! -> `sampling` -> events. The forward's operators go through `backend` (the seam): `kernels`
+//! holds the batch-invariant CPU math; `cuda` the GPU backend, its kernels (`kernels/*.cu`) and
 //! their NVRTC compile check; `ffi` is the C ABI.
 //! See docs/ARCHITECTURE.md.
 
