@@ -40,3 +40,15 @@ extern "C" __global__ void __launch_bounds__(256)
     out[i] = a / (1.f + expf(-a)) * u[i];
   }
 }
+
+// out[idx[i], :] += w[i] * y[i, :] for the rows of one expert's tokens (distinct idx within a
+// launch, so no two threads write one element); experts are added one launch after another in
+// ascending id, so each token's sum keeps the router's slot order. grid = n_rows, block = 128.
+extern "C" __global__ void __launch_bounds__(128)
+    axpy_rows_f32(float* __restrict__ out, const float* __restrict__ y, const int* __restrict__ idx,
+                  const float* __restrict__ w, int width) {
+  const size_t i = blockIdx.x;
+  float* o = out + (size_t)idx[i] * width;
+  const float wi = w[i];
+  for (int c = threadIdx.x; c < width; c += 128) o[c] = fmaf(wi, y[i * width + c], o[c]);
+}

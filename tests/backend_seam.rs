@@ -236,8 +236,13 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
         .expect("tier refused")
         .to_string();
     assert!(e.contains("second KV tier"), "{e}");
-    // what the CUDA backend runs: the bundled target yes; V4 and V3.2 no (named)
+    // what the CUDA backend runs: the bundled target and V2 / V3 fixtures (fp8 experts too) yes;
+    // V4 and V3.2 no (named)
     specmla::cuda::CudaBackend::check_model(&model).unwrap();
+    for fixture in ["v3_fp8", "v2_lite", "v3_tied"] {
+        let m = Model::load_dir(&repo().join("models/golden").join(fixture)).unwrap();
+        specmla::cuda::CudaBackend::check_model(&m).unwrap_or_else(|e| panic!("{fixture}: {e}"));
+    }
     for (fixture, want) in [("v4_mixed", "DeepSeek-V4"), ("v32_odd", "indexer")] {
         let m = Model::load_dir(&repo().join("models/golden").join(fixture)).unwrap();
         let e = specmla::cuda::CudaBackend::check_model(&m)

@@ -74,6 +74,8 @@ type EngineOptions struct {
 	KVWindowBlocks   uint32 // DeepSeek-V4 sliding-window pool blocks (0 = default; ignored otherwise)
 	KVOffloadDir     string // second KV tier: a directory whose file keeps prompt blocks across engines
 	KVOffloadMem     uint64 // second KV tier: host-memory bytes for evicted prefix blocks (0 = none)
+	KVDtype          uint32 // target KV cache dtype: SPECMLA_KV_* (0 auto = f32)
+	Device           string // the target's forward: "" / "cpu", "cuda" or "cuda:N" (needs KVDtype bf16)
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -83,7 +85,7 @@ func DefaultEngineOptions() EngineOptions {
 		NumDraftTokens: uint32(p.num_draft_tokens), Adaptive: bool(p.adaptive),
 		KVNumBlocks: uint32(p.kv_num_blocks), DraftKVNumBlocks: uint32(p.draft_kv_num_blocks),
 		BlockSize: uint32(p.block_size), Threads: uint32(p.threads), MTP: bool(p.mtp),
-		ISA: uint32(p.isa), KVWindowBlocks: uint32(p.kv_window_blocks),
+		ISA: uint32(p.isa), KVWindowBlocks: uint32(p.kv_window_blocks), KVDtype: uint32(p.kv_dtype),
 	}
 }
 
@@ -106,6 +108,12 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.isa = C.uint32_t(o.ISA)
 	p.kv_window_blocks = C.uint32_t(o.KVWindowBlocks)
 	p.kv_offload_mem_bytes = C.uint64_t(o.KVOffloadMem)
+	p.kv_dtype = C.uint32_t(o.KVDtype)
+	if o.Device != "" {
+		cdev := C.CString(o.Device)
+		defer C.free(unsafe.Pointer(cdev))
+		p.device = cdev
+	}
 	if o.KVOffloadDir != "" {
 		cdir := C.CString(o.KVOffloadDir)
 		defer C.free(unsafe.Pointer(cdir))

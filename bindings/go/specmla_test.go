@@ -429,3 +429,30 @@ func TestKVOffloadDirSurvivesTheEngine(t *testing.T) {
 		t.Fatalf("second engine restored nothing: %+v", outs[1].Counters)
 	}
 }
+
+// The device option reaches the engine: an unknown device and (on a machine without an NVIDIA
+// driver) a CUDA device are refused at creation with the engine's message; "cpu" serves.
+func TestDeviceOption(t *testing.T) {
+	s := load(t)
+	o := DefaultEngineOptions()
+	o.Threads, o.KVNumBlocks, o.DraftKVNumBlocks = 2, 256, 256
+	o.Device = "tpu:0"
+	if _, err := NewEngine(s.target, s.draft, o); err == nil || !strings.Contains(err.Error(), "expected cpu, cuda or cuda:N") {
+		t.Fatalf("tpu:0: %v", err)
+	}
+	if _, err := os.Stat("/proc/driver/nvidia"); err != nil {
+		o.Device, o.KVDtype = "cuda", 2 // SPECMLA_KV_BF16
+		if _, err := NewEngine(s.target, s.draft, o); err == nil || !strings.Contains(err.Error(), "CUDA") {
+			t.Fatalf("cuda without a driver: %v", err)
+		}
+	}
+	o.Device = "cpu"
+	e, err := NewEngine(s.target, s.draft, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if out := s.run(t, e, true, -1); len(out.Tokens) == 0 {
+		t.Fatal("cpu engine generated nothing")
+	}
+}

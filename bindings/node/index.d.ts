@@ -17,6 +17,10 @@ export interface EngineOptions {
   kvWindowBlocks?: number;
   /** Second KV tier: a directory whose file keeps prompt blocks across engines (and processes). */
   kvOffloadDir?: string;
+  /** Target KV cache dtype: SPECMLA_KV_* value (0 auto = f32; bf16 for a CUDA device). */
+  kvDtype?: number;
+  /** The target's forward: "cpu" (default), "cuda" or "cuda:N". */
+  device?: string;
   /** Second KV tier: host-memory budget in bytes for evicted prefix blocks (default 0). */
   kvOffloadMemBytes?: number;
 }

@@ -6,7 +6,7 @@
 //! and the budget stay on the host, unchanged. The model's weights are uploaded once, when the
 //! backend is created (bf16 and fp8 with 128x128 block scales stay in their storage precision;
 //! f16 is widened to f32 exactly; the absorbed per-head MLA matrices W_UK^T / W_UV are stacked as
-//! f32; routed experts as [E, ...] bf16 stacks). Device copies are found from the weights the
+//! f32; bf16 routed experts as [E, ...] stacks). Device copies are found from the weights the
 //! forward hands an op (keyed by the host weight's address: the `Model` is immutable and shared
 //! by `Arc` while the backend lives). The latent cache lives on the device, one buffer per layer
 //! laid out like the host pool (`[num_blocks * block_size, kv_lora + rope]` bf16) and addressed
@@ -25,7 +25,8 @@
 //! STATUS: compiled and type-checked on every build, NEVER RUN ON A GPU (none was available when
 //! it was written): `scripts/gpu-check.sh` runs the golden fixtures through it on a GPU machine.
 //! Refused at creation with a clear error (never a panic): a missing driver or device, DeepSeek-V4,
-//! V3.2's indexer, latent / rope widths above 512 / 64, routed experts not in bf16.
+//! V3.2's indexer, latent / rope widths above 512 / 64. Routed experts in bf16 run grouped (one
+//! launch per stage for all assignments); others (the official fp8 checkpoints) expert by expert.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -102,6 +103,19 @@ pub struct CudaBackend {
     pub weight_bytes: usize,
 }
 
+/// Routed experts that go to the grouped kernels as [E, ...] stacks: bf16, one width, rows of a
+/// multiple of 8 values. Others (fp8 blocks, f16, ...) keep one device matrix per expert and run
+/// expert by expert through the small-n GEMMs.
+fn stackable(m: &Moe) -> bool {
+    let inter = m.experts.first().map_or(0, |e| e.gate.rows);
+    m.experts.iter().all(|e| {
+        e.gate.rows == inter
+            && [&e.gate, &e.up, &e.down]
+                .iter()
+                .all(|w| matches!(w.data, MatrixData::Bf16(_)) && w.cols % 8 == 0)
+    })
+}
+
 fn key<T>(r: &T) -> usize {
     r as *const T as usize
 }
@@ -141,23 +155,6 @@ impl CudaBackend {
                 "kv_lora_rank {} / qk_rope_head_dim {}: the MLA kernel takes at most 512 / 64 (even)",
                 c.kv_lora_rank, c.qk_rope_head_dim
             ));
-        }
-        for (li, l) in model.layers.iter().enumerate() {
-            if let Ffn::Moe(m) = &l.ffn {
-                for e in &m.experts {
-                    for w in [&e.gate, &e.up, &e.down] {
-                        if !matches!(w.data, MatrixData::Bf16(_)) || w.cols % 8 != 0 {
-                            return no(format!(
-                                "layer {li}: routed experts must be bf16 with widths divisible by 8 \
-                                 (found {} [{}, {}])",
-                                w.dtype_name(),
-                                w.rows,
-                                w.cols
-                            ));
-                        }
-                    }
-                }
-            }
         }
         Ok(())
     }
@@ -263,7 +260,13 @@ impl CudaBackend {
                     if let Some(sh) = &m.shared {
                         self.upload_expert(sh)?;
                     }
-                    self.upload_experts(m)?;
+                    if stackable(m) {
+                        self.upload_experts(m)?;
+                    } else {
+                        for e in &m.experts {
+                            self.upload_expert(e)?;
+                        }
+                    }
                 }
             }
         }
@@ -274,17 +277,12 @@ impl CudaBackend {
         let bits = |w: &Matrix| -> Vec<u16> {
             match &w.data {
                 MatrixData::Bf16(v) => v.to_vec(),
-                _ => unreachable!("check_model admits bf16 experts only"),
+                _ => unreachable!("stackable() admits bf16 experts only"),
             }
         };
         let inter = m.experts.first().map_or(0, |e| e.gate.rows);
         let (mut g, mut u, mut d) = (Vec::new(), Vec::new(), Vec::new());
         for e in &m.experts {
-            if e.gate.rows != inter {
-                return Err(Error::InvalidArgument(
-                    "CUDA backend: routed experts of one layer differ in width".into(),
-                ));
-            }
             g.extend(bits(&e.gate));
             u.extend(bits(&e.up));
             d.extend(bits(&e.down));
@@ -549,10 +547,10 @@ impl CudaBackend {
                 .filter(|&e| active[e])
                 .map(|e| m.experts[e].nbytes())
                 .sum::<usize>();
-        let de = self
-            .experts
-            .get(&key(m))
-            .ok_or_else(|| Error::Engine("CUDA backend: experts not on the device".into()))?;
+        let Some(de) = self.experts.get(&key(m)) else {
+            let out = self.moe_per_expert(m, xn, n, &tok, &ex, &wt)?;
+            return Ok((out, bytes));
+        };
         let na = tok.len();
         let (dt, dex, dw) = (self.up(&tok)?, self.up(&ex)?, self.up(&wt)?);
         let mut hid = self.zeros(na * de.inter)?; // [A, inter]
@@ -599,6 +597,50 @@ impl CudaBackend {
             self.add(&mut out, &ys, n * h)?;
         }
         Ok((out, bytes))
+    }
+
+    /// Routed experts one by one (experts not stacked: fp8 blocks, f16, ...): each expert's
+    /// tokens gathered, its MLP through the small-n GEMMs, added into its tokens' rows with the
+    /// routing weight — experts in ascending id, so each token's sum keeps the slot order — then
+    /// the shared experts. tok / ex / wt: the assignments, token-major. -> [n, hidden]
+    fn moe_per_expert(
+        &self,
+        m: &Moe,
+        xn: &CudaSlice<f32>,
+        n: usize,
+        tok: &[i32],
+        ex: &[i32],
+        wt: &[f32],
+    ) -> Result<CudaSlice<f32>> {
+        let h = m.experts.first().map_or(0, |e| e.gate.cols);
+        let mut out = self.zeros(n * h)?; // [n, hidden]
+        let hw = h as i32;
+        for e in 0..m.experts.len() {
+            let (idx, w): (Vec<i32>, Vec<f32>) = (0..ex.len())
+                .filter(|&a| ex[a] as usize == e)
+                .map(|a| (tok[a], wt[a]))
+                .unzip();
+            if idx.is_empty() {
+                continue;
+            }
+            let k = idx.len();
+            let (didx, dw) = (self.up(&idx)?, self.up(&w)?);
+            let mut xe = self.zeros(k * h)?; // [k, hidden]
+            let mut b = self.s().launch_builder(self.gpu.func("gather_rows_f32")?);
+            b.arg(xn).arg(&didx).arg(&mut xe).arg(&hw);
+            // SAFETY: kernels/elementwise.cu's signature; token ids < n.
+            unsafe { b.launch(grid(g1(k), 128)) }.map_err(drv)?;
+            let ye = self.mlp(&m.experts[e], &xe, k)?; // [k, hidden]
+            let mut b = self.s().launch_builder(self.gpu.func("axpy_rows_f32")?);
+            b.arg(&mut out).arg(&ye).arg(&didx).arg(&dw).arg(&hw);
+            // SAFETY: as above; a token appears once per expert.
+            unsafe { b.launch(grid(g1(k), 128)) }.map_err(drv)?;
+        }
+        if let Some(sh) = &m.shared {
+            let ys = self.mlp(sh, xn, n)?;
+            self.add(&mut out, &ys, n * h)?;
+        }
+        Ok(out)
     }
 
     /// down(silu(gate(x)) * up(x)). x: [n, hidden] -> [n, hidden]

@@ -586,10 +586,11 @@ mod tests {
             "copy_cols_f32",
             "gather_rows_f32",
             "silu_mul_f32",
+            "axpy_rows_f32",
         ] {
             assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
         }
-        assert_eq!(names.len(), 20, "{names:?}");
+        assert_eq!(names.len(), 21, "{names:?}");
     }
 
     #[test]

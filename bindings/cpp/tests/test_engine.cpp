@@ -281,3 +281,21 @@ TEST(Engine, KvOffloadDirSurvivesTheEngine) {
   EXPECT_GT(outs[1].counters.cached_prompt_tokens, 0u);
   std::system((std::string("rm -rf ") + dir).c_str());
 }
+
+TEST(Engine, DeviceFieldReachesTheEngine) {
+  ModelSetup s;
+  specmla::EngineOptions eo;
+  eo.params.threads = 2;
+  eo.params.kv_num_blocks = 256;
+  eo.params.draft_kv_num_blocks = 256;
+  eo.params.device = "tpu:0";
+  try {
+    specmla::Engine e(s.target, s.draft, eo);
+    FAIL() << "tpu:0 accepted";
+  } catch (const specmla::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("expected cpu, cuda or cuda:N"), std::string::npos) << err.what();
+  }
+  eo.params.device = "cpu";
+  specmla::Engine e(s.target, s.draft, eo);
+  EXPECT_FALSE(s.run(e, true).tokens.empty());
+}

@@ -480,16 +480,21 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.isa = (uint32_t)num_prop(env, argv[2], "isa", p.isa);
     p.kv_window_blocks = (uint32_t)num_prop(env, argv[2], "kvWindowBlocks", p.kv_window_blocks);
     p.kv_offload_mem_bytes = (uint64_t)num_prop(env, argv[2], "kvOffloadMemBytes", 0);
+    p.kv_dtype = (uint32_t)num_prop(env, argv[2], "kvDtype", p.kv_dtype);
   }
   char *offload = NULL;
   napi_value ov;
   if (argc >= 3 && has_prop(env, argv[2], "kvOffloadDir", &ov) && (offload = get_string(env, ov)))
     p.kv_offload_dir = offload;
+  char *device = NULL;
+  if (argc >= 3 && has_prop(env, argv[2], "device", &ov) && (device = get_string(env, ov)))
+    p.device = device;
   specmla_engine *eng = NULL;
   specmla_status st = target ? specmla_engine_create(target, draft, &p, &eng) : SPECMLA_ERR_NULL_POINTER;
   free(target);
   free(draft);
   free(offload);
+  free(device);
   if (fail(env, st)) return NULL;
   engine_box *b = malloc(sizeof *b);
   b->eng = eng;

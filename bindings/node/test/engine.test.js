@@ -192,3 +192,14 @@ test('the second KV tier on disk outlives the engine', async () => {
   assert.ok(outs[1].counters.cachedPromptTokens > 0, JSON.stringify(outs[1].counters));
   fs.rmSync(dir, { recursive: true, force: true });
 });
+
+test('the device option reaches the engine', async () => {
+  assert.throws(() => new Engine(S.target, S.draft, { threads: 2, device: 'tpu:0' }), /expected cpu, cuda or cuda:N/);
+  if (!fs.existsSync('/proc/driver/nvidia')) {
+    assert.throws(() => new Engine(S.target, S.draft, { threads: 2, device: 'cuda', kvDtype: 2 }), /CUDA/);
+  }
+  const e = new Engine(S.target, S.draft, { threads: 2, kvNumBlocks: 256, draftKvNumBlocks: 256, device: 'cpu' });
+  const out = await e.generate(prompt(), opts(true));
+  assert.ok(out.tokens.length > 0);
+  e.close();
+});
