@@ -59,10 +59,18 @@ fn widened_bundled_target_computes_the_same_function() {
     check(
         &repo().join("models/target"),
         "target",
+        WidenFactors::uniform(4, 2, 2),
+        &toks,
+    );
+    // dense MLPs and shared experts widened more than the routed experts (n_shared_experts x4)
+    check(
+        &repo().join("models/target"),
+        "target-shared",
         WidenFactors {
-            hidden: 4,
-            intermediate: 2,
+            hidden: 2,
+            intermediate: 1,
             heads: 2,
+            shared: 4,
         },
         &toks,
     );
@@ -72,11 +80,7 @@ fn widened_bundled_target_computes_the_same_function() {
 fn widened_golden_fixtures_compute_the_same_function() {
     let toks: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 50).collect();
     for name in ["v2_lite", "v3_bf16"] {
-        let f = WidenFactors {
-            hidden: 2,
-            intermediate: 2,
-            heads: 4,
-        };
+        let f = WidenFactors::uniform(2, 2, 4);
         check(&repo().join("models/golden").join(name), name, f, &toks);
     }
 }
@@ -93,13 +97,20 @@ fn bad_inputs_are_refused() {
     let odd = widen_dir(
         &repo().join("models/target"),
         &tmp("odd"),
-        WidenFactors {
-            hidden: 3,
-            intermediate: 1,
-            heads: 1,
-        },
+        WidenFactors::uniform(3, 1, 1),
     );
     assert!(odd.unwrap_err().to_string().contains("power of two"));
+    let shared_below = widen_dir(
+        &repo().join("models/target"),
+        &tmp("shared-below"),
+        WidenFactors {
+            hidden: 1,
+            intermediate: 4,
+            heads: 1,
+            shared: 2,
+        },
+    );
+    assert!(shared_below.unwrap_err().to_string().contains(">= the expert factor"));
     let missing = widen_dir(&tmp("absent"), &tmp("absent-out"), WidenFactors::default());
     assert!(missing.is_err());
 }

@@ -38,10 +38,14 @@ use crate::error::{Error, Result};
 pub struct WidenFactors {
     /// Hidden size multiplier (r).
     pub hidden: usize,
-    /// Dense-MLP and expert intermediate multiplier (s).
+    /// Routed-expert intermediate multiplier (s).
     pub intermediate: usize,
     /// Attention head multiplier (g).
     pub heads: usize,
+    /// Dense-MLP and shared-expert unit multiplier (u >= s): the weights EVERY token reads. The
+    /// shared experts' fused width grows u times (`n_shared_experts` x u / s, since
+    /// `moe_intermediate_size` grows s times); u = s is the plain widening.
+    pub shared: usize,
 }
 
 impl Default for WidenFactors {
@@ -52,6 +56,19 @@ impl Default for WidenFactors {
             hidden: 8,
             intermediate: 4,
             heads: 4,
+            shared: 4,
+        }
+    }
+}
+
+impl WidenFactors {
+    /// Hidden, intermediate and heads widened by the same factor for dense and routed weights.
+    pub fn uniform(hidden: usize, intermediate: usize, heads: usize) -> Self {
+        WidenFactors {
+            hidden,
+            intermediate,
+            heads,
+            shared: intermediate,
         }
     }
 }
@@ -189,11 +206,13 @@ fn rule(name: &str, d: &Dims, f: WidenFactors) -> Option<(Axis, Axis, bool)> {
             true,
         ));
     }
+    // routed experts widen by s; dense MLPs and shared experts (read by every token) by u
+    let units = if name.contains(".experts.") { s } else { f.shared };
     if ends("gate_proj.weight") || ends("up_proj.weight") {
-        return Some((Axis::Repeat(s), hid, true));
+        return Some((Axis::Repeat(units), hid, true));
     }
     if ends("down_proj.weight") {
-        return Some((hid, Axis::Repeat(s), true));
+        return Some((hid, Axis::Repeat(units), true));
     }
     if ends("eh_proj.weight") {
         return Some((
@@ -225,12 +244,20 @@ pub fn widen_dir(src: &Path, dst: &Path, f: WidenFactors) -> Result<WidenReport>
         ("hidden", f.hidden),
         ("intermediate", f.intermediate),
         ("heads", f.heads),
+        ("shared", f.shared),
     ] {
         if v == 0 || !v.is_power_of_two() || v > 64 {
             return Err(Error::InvalidArgument(format!(
                 "make-bench-model: {what} factor {v} must be a power of two in 1..=64"
             )));
         }
+    }
+    if f.shared < f.intermediate {
+        return Err(Error::InvalidArgument(format!(
+            "make-bench-model: the shared / dense factor {} must be >= the expert factor {} \
+             (n_shared_experts grows by their ratio)",
+            f.shared, f.intermediate
+        )));
     }
     let mut cfg: Value = read_config_json(src)?;
 
@@ -332,8 +359,9 @@ pub fn widen_dir(src: &Path, dst: &Path, f: WidenFactors) -> Result<WidenReport>
         }
     };
     mul(&mut cfg, "hidden_size", f.hidden);
-    mul(&mut cfg, "intermediate_size", f.intermediate);
+    mul(&mut cfg, "intermediate_size", f.shared);
     mul(&mut cfg, "moe_intermediate_size", f.intermediate);
+    mul(&mut cfg, "n_shared_experts", f.shared / f.intermediate);
     mul(&mut cfg, "num_attention_heads", f.heads);
     mul(&mut cfg, "num_key_value_heads", f.heads);
     let p = dst.join("config.json");

@@ -18,7 +18,8 @@ pub struct MakeBenchModelArgs {
     /// Output directory (created).
     #[arg(long)]
     pub out: PathBuf,
-    /// Factors HIDDEN,INTERMEDIATE,HEADS (powers of two).
+    /// Factors HIDDEN,INTERMEDIATE,HEADS[,SHARED] (powers of two): INTERMEDIATE widens the
+    /// routed experts, SHARED (default = INTERMEDIATE) the dense MLPs and shared experts.
     #[arg(long, default_value = "8,4,4")]
     pub factor: String,
 }
@@ -31,13 +32,15 @@ pub fn parse_factors(s: &str) -> Result<WidenFactors> {
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| Error::InvalidArgument(format!("--factor {s}: {e}")))?;
     match v[..] {
-        [hidden, intermediate, heads] => Ok(WidenFactors {
+        [hidden, intermediate, heads] => Ok(WidenFactors::uniform(hidden, intermediate, heads)),
+        [hidden, intermediate, heads, shared] => Ok(WidenFactors {
             hidden,
             intermediate,
             heads,
+            shared,
         }),
         _ => Err(Error::InvalidArgument(format!(
-            "--factor {s}: want HIDDEN,INTERMEDIATE,HEADS"
+            "--factor {s}: want HIDDEN,INTERMEDIATE,HEADS[,SHARED]"
         ))),
     }
 }
@@ -47,11 +50,12 @@ pub fn run(a: MakeBenchModelArgs) -> Result<()> {
     let f = parse_factors(&a.factor)?;
     let r = specmla::weights::widen_dir(&a.from, &a.out, f)?;
     println!(
-        "widened {} tensors (hidden x{}, units x{}, heads x{}): {:.1} MB -> {:.1} MB in {} shards, {:.1} s: {}",
+        "widened {} tensors (hidden x{}, expert units x{}, heads x{}, dense / shared units x{}): {:.1} MB -> {:.1} MB in {} shards, {:.1} s: {}",
         r.tensors,
         f.hidden,
         f.intermediate,
         f.heads,
+        f.shared,
         r.bytes_in as f64 / 1e6,
         r.bytes_out as f64 / 1e6,
         r.shards,
