@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
-use crate::spec::policy::{choose_k, LinearCost};
+use crate::spec::policy::{choose_k_at, LinearCost};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
@@ -62,6 +62,9 @@ pub(crate) struct Core {
     pub target_weight_bytes: u64,
     /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
     pub drafter_alpha: f64,
+    /// Engine-wide conditional acceptance of the current drafter per draft position (position
+    /// j + 1 accepted given j were): what the adaptive policy's E(k) multiplies.
+    pub pos_alpha: Vec<f64>,
     /// Adaptive mode: measured drafting vs plain rates; drafting off while it loses.
     pub guard: SpecGuard,
     pub admitted: u64,
@@ -160,6 +163,7 @@ impl Core {
                         &self.running[i],
                         n_decode,
                         self.drafter_alpha,
+                        &self.pos_alpha,
                     )
                 } else {
                     (0, Vec::new(), 0)
@@ -606,6 +610,11 @@ impl Core {
                 };
                 r.alpha_obs += 1;
                 self.drafter_alpha = 0.95 * self.drafter_alpha + 0.05 * obs;
+                // positions 1..=accepted succeeded, the next one (if drafted) failed
+                for j in 0..n_model.min(model_accepted + 1).min(self.pos_alpha.len()) {
+                    let hit = if j < model_accepted { 1.0 } else { 0.0 };
+                    self.pos_alpha[j] = 0.95 * self.pos_alpha[j] + 0.05 * hit;
+                }
             }
             verified.push(Some((accepted, n)));
         }
@@ -708,15 +717,19 @@ fn choose_drafts(
     r: &ReqState,
     n_decode: usize,
     drafter_alpha: f64,
+    pos_alpha: &[f64],
 ) -> (usize, Vec<u32>, usize) {
-    let a = if r.alpha_obs >= OWN_ALPHA_AFTER {
-        r.alpha
+    // the engine's per-position profile, scaled by how this request's acceptance compares
+    // with the drafter's (once the request has its own estimate)
+    let ratio = if r.alpha_obs >= OWN_ALPHA_AFTER {
+        (r.alpha / drafter_alpha.max(1e-3)).clamp(0.0, 2.0)
     } else {
-        drafter_alpha
+        1.0
     };
+    let c: Vec<f64> = pos_alpha.iter().map(|p| (p * ratio).min(0.999)).collect();
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
-        SpecMode::Adaptive { k_max } => choose_k(a, k_max, n_decode, target, draft),
+        SpecMode::Adaptive { k_max } => choose_k_at(&c, k_max, n_decode, target, draft),
     };
     // never draft past max_tokens: k drafts commit at most k + 1 tokens
     let left = r.params.max_tokens.saturating_sub(r.generated());

@@ -375,6 +375,7 @@ impl Engine {
             time_draft_s: 0.0,
             target_weight_bytes: 0,
             drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
+            pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
             guard: Default::default(),
             admitted: 0,
             finished_totals: Counters::default(),

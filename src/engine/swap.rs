@@ -388,6 +388,7 @@ impl Swaps {
         core.draft_generation += 1;
         core.drafter_disabled = None;
         core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR;
+        core.pos_alpha.fill(super::core::DRAFTER_ALPHA_PRIOR);
         core.draft_cost = Default::default();
         core.guard = Default::default();
         // the restored drafter missed the tokens committed meanwhile: cut its per-request state
@@ -431,6 +432,7 @@ impl Swaps {
             core.draft_generation += 1;
             core.drafter_disabled = None;
             core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR; // a new drafter: no evidence yet
+            core.pos_alpha.fill(super::core::DRAFTER_ALPHA_PRIOR);
             core.draft_cost = Default::default();
             core.guard = Default::default();
             if r.config.is_some() || core.proposer.is_none() {

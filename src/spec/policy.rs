@@ -1,8 +1,10 @@
 //! How many tokens to draft (k) per request per step.
 //!
 //! Fixed mode: k = k_max. Adaptive mode: maximise expected committed tokens per second,
-//! E(k) / cost(k), with E(k) = (1 - a^(k+1)) / (1 - a) for the request's running acceptance
-//! estimate a, and cost(k) = its share of the step's fixed costs plus its marginal costs,
+//! E(k) / cost(k), with E(k) = 1 + sum_{i<=k} prod_{j<=i} c_j for the conditional acceptance c_j
+//! of draft position j (the engine keeps one estimate per position: an MTP layer chained on its
+//! own output accepts far less at position 2 than at 1, so one per-token rate would overdraft;
+//! for a constant c this is (1 - c^(k+1)) / (1 - c)), and cost(k) = its share of the step's fixed costs plus its marginal costs,
 //! from a linear cost model of the target step (t = base + per_token x tokens) and of one draft
 //! forward (same form), both fitted online from measured step times. k = 0 when speculation
 //! does not pay (large batches, where the fixed costs are shared, or low acceptance).
@@ -65,9 +67,33 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
     (1.0 - a.powi(k as i32 + 1)) / (1.0 - a)
 }
 
-/// Choose k in 0..=k_max for one request. `batch`: requests in the step; `target`/`draft`: fitted costs.
+/// Expected committed tokens for k drafts with conditional acceptance `c[j]` at position j + 1
+/// (positions past `c` take its last value).
+pub fn expected_tokens_at(c: &[f64], k: usize) -> f64 {
+    let (mut e, mut p) = (1.0, 1.0);
+    for j in 0..k {
+        let cj = c.get(j).or(c.last()).copied().unwrap_or(0.0).clamp(0.0, 0.999_999);
+        p *= cj;
+        e += p;
+    }
+    e
+}
+
+/// Choose k in 0..=k_max for one request with one per-token acceptance `a` (every position).
+/// `batch`: requests in the step; `target`/`draft`: fitted costs.
 pub fn choose_k(
     a: f64,
+    k_max: usize,
+    batch: usize,
+    target: &LinearCost,
+    draft: &LinearCost,
+) -> usize {
+    choose_k_at(&[a], k_max, batch, target, draft)
+}
+
+/// [`choose_k`] with a conditional acceptance per draft position (see the module doc).
+pub fn choose_k_at(
+    c: &[f64],
     k_max: usize,
     batch: usize,
     target: &LinearCost,
@@ -83,7 +109,7 @@ pub fn choose_k(
     for k in 0..=k_max {
         let cost =
             tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
-        let rate = expected_tokens(a, k) / cost.max(1e-12);
+        let rate = expected_tokens_at(c, k) / cost.max(1e-12);
         if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
         }
@@ -129,6 +155,22 @@ mod tests {
         let untimed = LinearCost::default();
         assert_eq!(choose_k(0.05, 8, 1, &compute_bound, &untimed), 0);
         assert!(choose_k(0.95, 8, 1, &target, &untimed) >= 3);
+    }
+
+    /// An MTP-like drafter: high acceptance at position 1, little after (chained on itself), and
+    /// a draft step a quarter of a target step: one draft pays, more do not — while one
+    /// per-token rate with the same mean acceptance would draft several.
+    #[test]
+    fn position_decay_limits_k() {
+        let target = model(0.020, 0.0012);
+        let mtp = model(0.0045, 0.0001);
+        let c = [0.75, 0.28, 0.09, 0.03, 0.02, 0.0, 0.0, 0.0];
+        assert_eq!(choose_k_at(&c, 8, 1, &target, &mtp), 1);
+        assert!(choose_k(0.62, 8, 1, &target, &mtp) > 1, "the flat rate overdrafts");
+        // a flat profile is the geometric formula
+        for k in 0..6 {
+            assert!((expected_tokens_at(&[0.8], k) - expected_tokens(0.8, k)).abs() < 1e-12);
+        }
     }
 
     #[test]
