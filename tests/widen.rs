@@ -110,7 +110,10 @@ fn bad_inputs_are_refused() {
             shared: 2,
         },
     );
-    assert!(shared_below.unwrap_err().to_string().contains(">= the expert factor"));
+    assert!(shared_below
+        .unwrap_err()
+        .to_string()
+        .contains(">= the expert factor"));
     let missing = widen_dir(&tmp("absent"), &tmp("absent-out"), WidenFactors::default());
     assert!(missing.is_err());
 }

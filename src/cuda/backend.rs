@@ -949,17 +949,15 @@ mod tests {
     use crate::kv::{KvConfig, SeqKv};
     use crate::model::LogitsMode;
 
+    fn target_config() -> ModelConfig {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/models/target/config.json");
+        ModelConfig::from_json_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    }
+
     /// The kernel's rotation (kernels/rope.cu) with the host tables is the CPU's `Rope::apply`.
     #[test]
     fn rope_tables_reproduce_the_cpu_rotation() {
-        let cfg = crate::config::ModelConfig::from_json_str(
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/models/target/config.json"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+        let cfg = target_config();
         let rope = Rope::new(&cfg);
         let rdim = cfg.qk_rope_head_dim;
         let pos = [0usize, 1, 7, 63, 200];
@@ -987,14 +985,7 @@ mod tests {
     /// chunk; each token knows its sequence; the table is padded per sequence.
     #[test]
     fn seq_tables_address_the_host_blocks() {
-        let cfg = crate::config::ModelConfig::from_json_str(
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/models/target/config.json"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+        let cfg = target_config();
         let bs = 4;
         let mut kv = KvCache::new(KvConfig::for_model(&cfg, bs, 16, KvDtype::Bf16)).unwrap();
         let (mut a, mut b) = (SeqKv::new(), SeqKv::new());

@@ -72,7 +72,12 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
 pub fn expected_tokens_at(c: &[f64], k: usize) -> f64 {
     let (mut e, mut p) = (1.0, 1.0);
     for j in 0..k {
-        let cj = c.get(j).or(c.last()).copied().unwrap_or(0.0).clamp(0.0, 0.999_999);
+        let cj = c
+            .get(j)
+            .or(c.last())
+            .copied()
+            .unwrap_or(0.0)
+            .clamp(0.0, 0.999_999);
         p *= cj;
         e += p;
     }
@@ -166,7 +171,10 @@ mod tests {
         let mtp = model(0.0045, 0.0001);
         let c = [0.75, 0.28, 0.09, 0.03, 0.02, 0.0, 0.0, 0.0];
         assert_eq!(choose_k_at(&c, 8, 1, &target, &mtp), 1);
-        assert!(choose_k(0.62, 8, 1, &target, &mtp) > 1, "the flat rate overdrafts");
+        assert!(
+            choose_k(0.62, 8, 1, &target, &mtp) > 1,
+            "the flat rate overdrafts"
+        );
         // a flat profile is the geometric formula
         for k in 0..6 {
             assert!((expected_tokens_at(&[0.8], k) - expected_tokens(0.8, k)).abs() < 1e-12);

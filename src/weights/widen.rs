@@ -207,7 +207,11 @@ fn rule(name: &str, d: &Dims, f: WidenFactors) -> Option<(Axis, Axis, bool)> {
         ));
     }
     // routed experts widen by s; dense MLPs and shared experts (read by every token) by u
-    let units = if name.contains(".experts.") { s } else { f.shared };
+    let units = if name.contains(".experts.") {
+        s
+    } else {
+        f.shared
+    };
     if ends("gate_proj.weight") || ends("up_proj.weight") {
         return Some((Axis::Repeat(units), hid, true));
     }
