@@ -68,9 +68,19 @@ impl Gpu {
         let fallback = DEFAULT_CUBIN_DIR.lock().ok().and_then(|d| d.clone());
         let cubin_dir = cubin_dir.or(fallback.as_deref());
         let mut funcs = HashMap::new();
+        let cache = cubin_cache_dir();
         for k in kernel_sources() {
-            let bin = if super::nvrtc::available() {
-                super::nvrtc::compile(k.file, &k.source, &arch)?.cubin
+            let cached = cache
+                .as_ref()
+                .map(|d| cache_path(d, k.file, &arch, &k.source));
+            let bin = if let Some(b) = cached.as_ref().and_then(|p| std::fs::read(p).ok()) {
+                b
+            } else if super::nvrtc::available() {
+                let b = super::nvrtc::compile(k.file, &k.source, &arch)?.cubin;
+                if let Some(p) = &cached {
+                    store(p, &b);
+                }
+                b
             } else {
                 let dir = cubin_dir.ok_or_else(|| {
                     Error::Engine(
@@ -537,6 +547,48 @@ impl Gpu {
     }
 }
 
+/// Where NVRTC's cubins are cached across processes: `$SPECMLA_CUBIN_CACHE`, else
+/// `$XDG_CACHE_HOME/specmla/cubins`, else `$HOME/.cache/specmla/cubins` (None: no cache).
+fn cubin_cache_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    env("SPECMLA_CUBIN_CACHE")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("specmla/cubins")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache/specmla/cubins")))
+}
+
+/// A cubin's cache file: named by the kernel file, the architecture and an FNV-1a hash of the
+/// source, so an edited kernel never reads a stale cubin.
+fn cache_path(dir: &Path, file: &str, arch: &str, source: &str) -> std::path::PathBuf {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in file
+        .bytes()
+        .chain([0])
+        .chain(arch.bytes())
+        .chain([0])
+        .chain(source.bytes())
+    {
+        h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    dir.join(format!("{file}.{arch}.{h:016x}.cubin"))
+}
+
+/// Write a cubin to the cache (write then rename, so a reader never sees half a file); a cache
+/// that cannot be written is skipped silently (it only saves compile time).
+fn store(p: &Path, bin: &[u8]) {
+    let Some(dir) = p.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, bin).is_ok() && std::fs::rename(&tmp, p).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 /// The `extern "C" __global__` function names of a kernel source.
 pub fn kernel_names(src: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -591,6 +643,26 @@ mod tests {
             assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
         }
         assert_eq!(names.len(), 21, "{names:?}");
+    }
+
+    #[test]
+    fn cubin_cache_paths_follow_the_source_and_arch() {
+        let d = std::env::temp_dir().join(format!("specmla-cubin-cache-{}", std::process::id()));
+        let a = cache_path(&d, "gemm_bf16.cu", "sm_90", "src A");
+        assert_ne!(
+            a,
+            cache_path(&d, "gemm_bf16.cu", "sm_90", "src B"),
+            "an edited kernel"
+        );
+        assert_ne!(
+            a,
+            cache_path(&d, "gemm_bf16.cu", "sm_100", "src A"),
+            "another arch"
+        );
+        assert_eq!(a, cache_path(&d, "gemm_bf16.cu", "sm_90", "src A"));
+        store(&a, b"cubin bytes");
+        assert_eq!(std::fs::read(&a).unwrap(), b"cubin bytes");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
