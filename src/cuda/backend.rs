@@ -2,8 +2,9 @@
 //! the kernels of `kernels/*.cu` over device-resident weights, activations and latent cache.
 //!
 //! Where it sits: `EngineConfig::device = Device::Cuda(n)` makes the engine run its TARGET's
-//! forward through a [`CudaBackend`] (`Model::forward_on`); drafters, the sampler, the scheduler
-//! and the budget stay on the host, unchanged. The model's weights are uploaded once, when the
+//! forward through a [`CudaBackend`] (`Model::forward_on`), and a draft model's too when it can
+//! run here (`engine::swap` gives it its own backend on the same device); the MTP layer, the
+//! sampler, the scheduler and the budget stay on the host, unchanged. The model's weights are uploaded once, when the
 //! backend is created (bf16 and fp8 with 128x128 block scales stay in their storage precision;
 //! f16 is widened to f32 exactly; the absorbed per-head MLA matrices W_UK^T / W_UV are stacked as
 //! f32; bf16 routed experts as [E, ...] stacks). Device copies are found from the weights the

@@ -562,6 +562,27 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
             DraftSource::Ngram { min_n: 1, max_n: 3 },
             SpecMode::Fixed(3),
         )?;
+        // the fixture as its own draft model: the draft runs on the GPU too
+        let self_draft = run(
+            Device::Cuda(ordinal),
+            DraftSource::Dir(dir.clone()),
+            SpecMode::Fixed(3),
+        )?;
+        let same = |a: &[crate::engine::Output], b: &[crate::engine::Output]| {
+            a.iter().zip(b).all(|(a, b)| {
+                a.token_ids == b.token_ids
+                    && a.logprobs
+                        .iter()
+                        .zip(&b.logprobs)
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
+            })
+        };
+        out.push(line(
+            &format!("spec exact {name} (GPU draft)"),
+            if same(&gpu, &self_draft) { 0.0 } else { 1.0 },
+            0.0,
+            "greedy speculation with the fixture as its own draft model on the GPU (k = 3) vs plain GPU decoding, bitwise".into(),
+        ));
         let exact = gpu.iter().zip(&spec).all(|(a, b)| {
             a.token_ids == b.token_ids
                 && a.logprobs

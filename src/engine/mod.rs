@@ -93,7 +93,8 @@ pub struct EngineConfig {
     /// and, with a directory, in a file that outlives the engine. None = off.
     pub kv_offload: Option<crate::kv::TierConfig>,
     /// Where the TARGET's forward runs: the CPU kernels (default) or a CUDA device
-    /// (`cuda::CudaBackend`; drafters, sampling and scheduling stay on the host). A CUDA device
+    /// (`cuda::CudaBackend`; a V2 / V3 draft model with a bf16 draft KV cache runs there too;
+    /// the MTP layer, sampling and scheduling stay on the host). A CUDA device
     /// needs a V2 / V3 target with a bf16 latent cache and bf16 routed experts; the prefix cache
     /// and the second KV tier are off there (their block copies are host-side). A machine
     /// without a driver or device gives an error at creation.
@@ -765,6 +766,7 @@ impl Engine {
             block_size: self.cfg.block_size,
             current_draft_config: self.swaps.current_config(),
             target: self.shared.target.clone(),
+            device: self.cfg.device,
         }
     }
 

@@ -73,6 +73,9 @@ pub(crate) struct SwapCtx {
     pub current_draft_config: Option<ModelConfig>,
     /// The target model (its MTP layer drafts for `DraftSource::Mtp`).
     pub target: Arc<Model>,
+    /// The target's device: a draft model goes to the same GPU when it can run there (a V2 /
+    /// V3 draft with a bf16 draft KV cache), else it runs on the CPU.
+    pub device: crate::backend::Device,
 }
 
 struct Ready {
@@ -237,14 +240,19 @@ pub(crate) fn build(
         )));
     }
     let model = Arc::new(Model::load(config.clone(), &store)?);
-    let p = DraftModelProposer::new(
-        model,
+    let mut p = DraftModelProposer::new(
+        model.clone(),
         ctx.kv_dtype,
         ctx.num_blocks,
         ctx.block_size,
         ctx.target_vocab,
         label,
     )?;
+    if let crate::backend::Device::Cuda(n) = ctx.device {
+        if ctx.kv_dtype == KvDtype::Bf16 && crate::cuda::CudaBackend::check_model(&model).is_ok() {
+            p = p.with_cuda(Arc::new(crate::cuda::CudaBackend::new(&model, n, None)?));
+        }
+    }
     Ok((Some(Box::new(p)), Some(config)))
 }
 

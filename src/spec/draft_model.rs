@@ -48,6 +48,8 @@ pub struct DraftModelProposer {
     kv: KvCache,
     seqs: HashMap<u64, DraftSeq>,
     label: String,
+    /// The draft's forward on a GPU (`EngineConfig::device`); None: the CPU kernels.
+    cuda: Option<Arc<crate::cuda::CudaBackend>>,
 }
 
 impl DraftModelProposer {
@@ -73,7 +75,14 @@ impl DraftModelProposer {
             kv,
             seqs: HashMap::new(),
             label,
+            cuda: None,
         })
+    }
+
+    /// Run the draft's forward through `b` (its weights uploaded by `CudaBackend::new`).
+    pub fn with_cuda(mut self, b: Arc<crate::cuda::CudaBackend>) -> Self {
+        self.cuda = Some(b);
+        self
     }
 
     pub fn model(&self) -> &Arc<Model> {
@@ -208,7 +217,14 @@ impl Proposer for DraftModelProposer {
                         }
                     })
                     .collect();
-                self.model.forward(&mut self.kv, &chunks)?
+                match &self.cuda {
+                    Some(b) => {
+                        self.model
+                            .forward_on(b.as_ref(), &mut self.kv, &chunks, false)?
+                            .logits
+                    }
+                    None => self.model.forward(&mut self.kv, &chunks)?,
+                }
             };
             let mut row_at = 0;
             for (&(i, role), inp) in live.iter().zip(&inputs) {
