@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// Speculation bench draft lengths k (adaptive always runs too, with k_max = the largest).
     #[arg(long, default_value = "1,2,4,8")]
     pub ks: String,
+    /// Speculation bench: R more (plain, spec) pairs per run, back to back, and the median of
+    /// their ratios (a noisy host changes speed between runs a minute apart; 0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub paired: usize,
     /// Speculation bench: skip the widened (memory-bound) copy of the target.
     #[arg(long)]
     pub no_wide: bool,

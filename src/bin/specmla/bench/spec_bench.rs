@@ -467,6 +467,34 @@ fn run_target(
                     let identical = plain.tokens == spec.tokens;
                     all_identical &= identical;
                     let speedup = spec.tps() / plain.tps();
+                    // --paired R: R more (plain, this run) pairs back to back; the median of the
+                    // pairs' ratios compares runs taken in the same host phase.
+                    let mut paired = Vec::new();
+                    for _ in 0..a.paired {
+                        let p = run_once(
+                            target,
+                            DraftSource::None,
+                            &base,
+                            SpecMode::Fixed(0),
+                            b,
+                            &items,
+                            budgets,
+                            a.max_tokens,
+                        )?;
+                        let q = run_once(
+                            target,
+                            d.src.clone(),
+                            &base,
+                            mode,
+                            b,
+                            &items,
+                            budgets,
+                            a.max_tokens,
+                        )?;
+                        all_identical &= q.tokens == plain.tokens && p.tokens == plain.tokens;
+                        paired.push(q.tps() / p.tps());
+                    }
+                    let paired_median = (!paired.is_empty()).then(|| super::percentile(&paired, 50.0));
                     let acc = spec.acceptance();
                     // Roofline: expected tokens per verification over the bytes a spec step reads
                     // (its verification + k draft steps) relative to a plain step.
@@ -515,6 +543,14 @@ fn run_target(
                         format!("{:.2}", speedup / roof),
                         format!("{draft_ms_tok:.2}/{target_ms:.2}"),
                         if identical { "yes".into() } else { "NO".into() },
+                        match paired_median {
+                            Some(m) => format!(
+                                "{m:.2}x ({:.2}-{:.2})",
+                                paired.iter().copied().fold(f64::INFINITY, f64::min),
+                                paired.iter().copied().fold(0.0, f64::max)
+                            ),
+                            None => "-".into(),
+                        },
                     ]);
                     runs_json.push(json!({
                         "target": tname, "drafter": d.name, "k": kname, "batch": b, "budget": bname,
@@ -529,6 +565,7 @@ fn run_target(
                         "draft_step_weight_bytes": d.step_bytes, "draft_ms_per_token": draft_ms_tok,
                         "plain_target_step_ms": target_ms, "steps": spec.stats.steps,
                         "counters": spec.stats.totals,
+                        "paired_speedups": paired, "paired_speedup_median": paired_median,
                     }));
                 }
             }
@@ -562,6 +599,7 @@ fn run_target(
             "meas/roof",
             "draft ms/tok / step ms",
             "identical",
+            "paired speedup",
         ],
         &rows,
     );
@@ -574,6 +612,9 @@ fn run_target(
         if all_identical { "YES" } else { "NO" }
     );
     text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), a = measured acceptance,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n";
+    if a.paired > 0 {
+        text += &format!("paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n", a.paired);
+    }
     Ok((text, runs_json, all_identical))
 }
 
