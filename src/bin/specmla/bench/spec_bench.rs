@@ -402,9 +402,8 @@ fn run_target(
             ));
             // Plain twice, the faster counts (speedups are not inflated by one slow plain run
             // on a noisy host); both rates go to the JSON.
-            let mut plains = Vec::new();
-            for _ in 0..2 {
-                plains.push(run_once(
+            let run_plain = || {
+                run_once(
                     target,
                     DraftSource::None,
                     &base,
@@ -413,7 +412,11 @@ fn run_target(
                     &items,
                     budgets,
                     a.max_tokens,
-                )?);
+                )
+            };
+            let mut plains = Vec::new();
+            for _ in 0..2 {
+                plains.push(run_plain()?);
             }
             let plain_rates: Vec<f64> = plains.iter().map(Run::tps).collect();
             let plain = if plain_rates[1] > plain_rates[0] {
@@ -454,34 +457,8 @@ fn run_target(
                         "spec bench: {tname}, budget {bname}, batch {b}: {} k={kname}",
                         d.name
                     ));
-                    let spec = run_once(
-                        target,
-                        d.src.clone(),
-                        &base,
-                        mode,
-                        b,
-                        &items,
-                        budgets,
-                        a.max_tokens,
-                    )?;
-                    let identical = plain.tokens == spec.tokens;
-                    all_identical &= identical;
-                    let speedup = spec.tps() / plain.tps();
-                    // --paired R: R more (plain, this run) pairs back to back; the median of the
-                    // pairs' ratios compares runs taken in the same host phase.
-                    let mut paired = Vec::new();
-                    for _ in 0..a.paired {
-                        let p = run_once(
-                            target,
-                            DraftSource::None,
-                            &base,
-                            SpecMode::Fixed(0),
-                            b,
-                            &items,
-                            budgets,
-                            a.max_tokens,
-                        )?;
-                        let q = run_once(
+                    let run_spec = || {
+                        run_once(
                             target,
                             d.src.clone(),
                             &base,
@@ -490,11 +467,23 @@ fn run_target(
                             &items,
                             budgets,
                             a.max_tokens,
-                        )?;
+                        )
+                    };
+                    let spec = run_spec()?;
+                    let identical = plain.tokens == spec.tokens;
+                    all_identical &= identical;
+                    let speedup = spec.tps() / plain.tps();
+                    // --paired R: R more (plain, this run) pairs back to back; the median of the
+                    // pairs' ratios compares runs taken in the same host phase.
+                    let mut paired = Vec::new();
+                    for _ in 0..a.paired {
+                        let p = run_plain()?;
+                        let q = run_spec()?;
                         all_identical &= q.tokens == plain.tokens && p.tokens == plain.tokens;
                         paired.push(q.tps() / p.tps());
                     }
-                    let paired_median = (!paired.is_empty()).then(|| super::percentile(&paired, 50.0));
+                    let paired_median =
+                        (!paired.is_empty()).then(|| super::percentile(&paired, 50.0));
                     let acc = spec.acceptance();
                     // Roofline: expected tokens per verification over the bytes a spec step reads
                     // (its verification + k draft steps) relative to a plain step.
@@ -613,7 +602,10 @@ fn run_target(
     );
     text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), a = measured acceptance,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n";
     if a.paired > 0 {
-        text += &format!("paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n", a.paired);
+        text += &format!(
+            "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
+            a.paired
+        );
     }
     Ok((text, runs_json, all_identical))
 }
