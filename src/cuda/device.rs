@@ -24,6 +24,12 @@ pub(crate) fn drv(e: impl std::fmt::Debug) -> Error {
 static DEFAULT_CUBIN_DIR: std::sync::Mutex<Option<std::path::PathBuf>> =
     std::sync::Mutex::new(None);
 
+/// Whether the CUDA driver library (libcuda.so) loads on this machine (no device is opened).
+pub fn driver_present() -> bool {
+    // SAFETY: only probes whether the library loads.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
 /// Where [`Gpu::open`] reads cubins when it is given no directory and NVRTC does not load (a
 /// GPU machine without the NVRTC wheel: `specmla gpu-check --cubin-dir` sets it for the engines
 /// it creates). Process-wide.

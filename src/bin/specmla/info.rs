@@ -105,6 +105,14 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "description": isa.describe(),
             "available": specmla::kernels::Isa::available().iter().map(|i| i.to_string()).collect::<Vec<_>>(),
         },
+        "cuda": {
+            "driver_loadable": specmla::cuda::device::driver_present(),
+            "nvrtc_loadable": specmla::cuda::available(),
+            "this_model_on_the_cuda_backend": match specmla::cuda::CudaBackend::check_model(&model) {
+                Ok(()) => "supported (with --device cuda[:N] --kv-dtype bf16)".to_string(),
+                Err(e) => e.to_string(),
+            },
+        },
         "weight_bytes_by_dtype": dtypes,
         "decode_weight_bytes_per_token": model.decode_bytes_per_token(),
         "mtp_tensors": model.mtp_tensors.len(),
