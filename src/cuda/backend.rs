@@ -837,10 +837,13 @@ impl Backend for CudaBackend {
         let q_lat = self.gemm_grouped(&ab.uk, kvl, nope, &q_nope, &dheads, n * nh)?; // [n*H, kv_lora]
         let longest = pos.iter().copied().max().unwrap_or(0) + 1;
         let n_splits = longest.div_ceil(256);
-        let mut ml = self.zeros(n * nh * n_splits * 2)?;
-        let mut acc = self.zeros(n * nh * n_splits * kvl)?;
         let mut ctx = self.zeros(n * nh * kvl)?; // [n, H, kv_lora]
         let scale = cfg.softmax_scale();
+        // split-KV partials are [tokens, H, n_splits, kv_lora]: query tokens go in passes so
+        // they stay within PARTIAL_BYTES (a long prompt chunk at a long context would not fit)
+        const PARTIAL_BYTES: usize = 256 << 20;
+        let per_token = nh * n_splits * (kvl + 2) * 4;
+        let pass = (PARTIAL_BYTES / per_token.max(1)).clamp(1, n.max(1));
         self.with_kv(kv, |layers| {
             let cache = layers
                 .get_mut(kv_layer)
@@ -859,32 +862,38 @@ impl Backend for CudaBackend {
                 kvl as i32,
                 rdim as i32,
             );
-            let mut b = s.launch_builder(self.gpu.func("mla_decode_split")?);
-            b.arg(&*cache)
-                .arg(&dtable)
-                .arg(&mb)
-                .arg(&bsz)
-                .arg(&dseq)
-                .arg(&dpos);
-            b.arg(&q_lat)
-                .arg(&q_pe)
-                .arg(&scale)
-                .arg(&h)
-                .arg(&ns)
-                .arg(&lat)
-                .arg(&rp);
-            b.arg(&mut ml).arg(&mut acc);
-            // SAFETY: kernels/mla_decode.cu's signature; the tables index reserved blocks.
-            unsafe { b.launch(grid((n as u32, nh as u32, n_splits as u32), 128)) }.map_err(drv)?;
-            let mut b = s.launch_builder(self.gpu.func("mla_decode_combine")?);
-            b.arg(&ml)
-                .arg(&acc)
-                .arg(&h)
-                .arg(&ns)
-                .arg(&lat)
-                .arg(&mut ctx);
-            // SAFETY: as above.
-            unsafe { b.launch(grid((n as u32, nh as u32, 1), 128)) }.map_err(drv)?;
+            let mut ml = self.zeros(pass * nh * n_splits * 2)?;
+            let mut acc = self.zeros(pass * nh * n_splits * kvl)?;
+            for t0 in (0..n).step_by(pass) {
+                let m = pass.min(n - t0);
+                let (sv, pv) = (dseq.slice(t0..t0 + m), dpos.slice(t0..t0 + m));
+                let qlv = q_lat.slice(t0 * nh * kvl..(t0 + m) * nh * kvl);
+                let qpv = q_pe.slice(t0 * nh * rdim..(t0 + m) * nh * rdim);
+                let mut b = s.launch_builder(self.gpu.func("mla_decode_split")?);
+                b.arg(&*cache)
+                    .arg(&dtable)
+                    .arg(&mb)
+                    .arg(&bsz)
+                    .arg(&sv)
+                    .arg(&pv);
+                b.arg(&qlv)
+                    .arg(&qpv)
+                    .arg(&scale)
+                    .arg(&h)
+                    .arg(&ns)
+                    .arg(&lat)
+                    .arg(&rp);
+                b.arg(&mut ml).arg(&mut acc);
+                // SAFETY: kernels/mla_decode.cu's signature; the tables index reserved blocks;
+                // the partials hold `pass` >= m tokens.
+                unsafe { b.launch(grid((m as u32, nh as u32, n_splits as u32), 128)) }
+                    .map_err(drv)?;
+                let mut cv = ctx.slice_mut(t0 * nh * kvl..(t0 + m) * nh * kvl);
+                let mut b = s.launch_builder(self.gpu.func("mla_decode_combine")?);
+                b.arg(&ml).arg(&acc).arg(&h).arg(&ns).arg(&lat).arg(&mut cv);
+                // SAFETY: as above.
+                unsafe { b.launch(grid((m as u32, nh as u32, 1), 128)) }.map_err(drv)?;
+            }
             Ok(())
         })?;
         // o^h = W_UV^h ctx^h -> [n, H, v]; then o_proj
