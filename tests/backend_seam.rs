@@ -205,25 +205,23 @@ fn a_failing_op_is_an_error_and_the_model_keeps_working() {
     assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
 }
 
-fn has_cuda_driver() -> bool {
-    // a machine with a driver runs the real backend in scripts/gpu-check.sh instead
-    std::path::Path::new("/proc/driver/nvidia").exists()
-}
-
 #[test]
 fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
     let dir = repo().join("models/target");
     let model = std::sync::Arc::new(Model::load_dir(&dir).unwrap());
+    let refusal = |cfg: EngineConfig, what: &str| {
+        Engine::from_model(model.clone(), None, cfg)
+            .err()
+            .expect(what)
+            .to_string()
+    };
     // checked before any device is touched: the KV dtype and the tier
     let cfg = EngineConfig {
         device: Device::Cuda(0),
         kv_dtype: KvDtype::F32,
         ..EngineConfig::default()
     };
-    let e = Engine::from_model(model.clone(), None, cfg)
-        .err()
-        .expect("f32 KV refused")
-        .to_string();
+    let e = refusal(cfg, "f32 KV refused");
     assert!(e.contains("bf16"), "{e}");
     let cfg = EngineConfig {
         device: Device::Cuda(0),
@@ -231,10 +229,7 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
         kv_offload: Some(specmla::kv::TierConfig::default()),
         ..EngineConfig::default()
     };
-    let e = Engine::from_model(model.clone(), None, cfg)
-        .err()
-        .expect("tier refused")
-        .to_string();
+    let e = refusal(cfg, "tier refused");
     assert!(e.contains("second KV tier"), "{e}");
     // what the CUDA backend runs: the bundled target and V2 / V3 fixtures (fp8 experts too) yes;
     // V4 and V3.2 no (named)
@@ -250,16 +245,14 @@ fn a_cuda_device_is_refused_cleanly_where_it_cannot_run() {
             .to_string();
         assert!(e.contains(want), "{fixture}: {e}");
     }
-    if !has_cuda_driver() {
+    // (a machine with a driver runs the real backend in scripts/gpu-check.sh instead)
+    if !specmla::cuda::device::driver_present() {
         let cfg = EngineConfig {
             device: Device::Cuda(0),
             kv_dtype: KvDtype::Bf16,
             ..EngineConfig::default()
         };
-        let e = Engine::from_model(model.clone(), None, cfg)
-            .err()
-            .expect("no driver")
-            .to_string();
+        let e = refusal(cfg, "no driver");
         assert!(e.contains("CUDA") || e.contains("NVRTC"), "{e}");
     }
     // and the process keeps serving on the CPU

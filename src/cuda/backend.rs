@@ -98,6 +98,8 @@ pub struct CudaBackend {
     vecs: HashMap<usize, CudaSlice<f32>>,
     experts: HashMap<usize, DevExperts>,
     absorb: HashMap<usize, DevAbsorb>,
+    /// MoE routers [E, hidden] f32, keyed by the router vector's address.
+    routers: HashMap<usize, DevMat>,
     /// Latent cache per host cache (`KvCache::uid`): one [slots, kv_lora + rope] bf16 buffer per layer.
     kv: Mutex<HashMap<u64, Vec<CudaSlice<u16>>>>,
     /// Bytes uploaded at creation.
@@ -134,6 +136,7 @@ impl CudaBackend {
             vecs: HashMap::new(),
             experts: HashMap::new(),
             absorb: HashMap::new(),
+            routers: HashMap::new(),
             kv: Mutex::new(HashMap::new()),
             weight_bytes: 0,
         };
@@ -156,6 +159,17 @@ impl CudaBackend {
                 "kv_lora_rank {} / qk_rope_head_dim {}: the MLA kernel takes at most 512 / 64 (even)",
                 c.kv_lora_rank, c.qk_rope_head_dim
             ));
+        }
+        Ok(())
+    }
+
+    /// The latent-cache dtype this backend's attention reads (bf16 only: the MLA kernel).
+    pub fn check_cache_dtype(dtype: KvDtype) -> Result<()> {
+        if dtype != KvDtype::Bf16 {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA backend: the latent cache must be bf16 (kv_dtype {dtype:?}), the MLA kernel \
+                 reads bf16"
+            )));
         }
         Ok(())
     }
@@ -257,7 +271,12 @@ impl CudaBackend {
             match &l.ffn {
                 Ffn::Dense(e) => self.upload_expert(e)?,
                 Ffn::Moe(m) => {
-                    self.upload_vec(&m.gate)?;
+                    let ne = m.experts.len();
+                    let w = DevW::F32(self.gpu.stream().clone_htod(&m.gate).map_err(drv)?);
+                    let (rows, cols) = (ne, m.gate.len() / ne.max(1));
+                    self.weight_bytes += m.gate.len() * 4;
+                    self.routers
+                        .insert(m.gate.as_ptr() as usize, DevMat { rows, cols, w });
                     if let Some(sh) = &m.shared {
                         self.upload_expert(sh)?;
                     }
@@ -312,9 +331,9 @@ impl CudaBackend {
     }
 
     fn vec(&self, v: &[f32]) -> Result<&CudaSlice<f32>> {
-        self.vecs.get(&(v.as_ptr() as usize)).ok_or_else(|| {
-            Error::Engine("CUDA backend: a norm / router weight is not on the device".into())
-        })
+        self.vecs
+            .get(&(v.as_ptr() as usize))
+            .ok_or_else(|| Error::Engine("CUDA backend: a norm weight is not on the device".into()))
     }
 
     fn zeros(&self, n: usize) -> Result<CudaSlice<f32>> {
@@ -327,7 +346,11 @@ impl CudaBackend {
 
     /// y[n, rows] = x[n, cols] · Wᵀ, in passes of 16 tokens.
     fn gemm(&self, m: &Matrix, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<f32>> {
-        let dm = self.mat(m)?;
+        self.gemm_dev(self.mat(m)?, x, n)
+    }
+
+    /// [`CudaBackend::gemm`] over a device matrix.
+    fn gemm_dev(&self, dm: &DevMat, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<f32>> {
         let (rows, cols) = (dm.rows, dm.cols);
         let mut y = self.zeros(n * rows)?; // [n, rows]
         let s = self.s();
@@ -469,12 +492,7 @@ impl CudaBackend {
     ) -> Result<R> {
         let kc = kv.config();
         let g = &kc.groups[KvCache::LATENT];
-        if g.dtype != KvDtype::Bf16 {
-            return Err(Error::InvalidArgument(format!(
-                "CUDA backend: the latent cache must be bf16 (kv_dtype {:?}), the MLA kernel reads bf16",
-                g.dtype
-            )));
-        }
+        Self::check_cache_dtype(g.dtype)?;
         let width: usize = g.kind.parts().iter().sum();
         let mut map = self
             .kv
@@ -505,23 +523,16 @@ impl CudaBackend {
             .ok_or_else(|| Error::Engine("MoE layer without MoE config".into()))?;
         let h = cfg.hidden_size;
         let ne = m.experts.len();
-        let gate = self.vec(&m.gate)?;
         // router logits on the device (f32 router), selection on the host (the CPU's code)
-        let mut lg = self.zeros(n * ne)?; // [n, E]
-        for t0 in (0..n).step_by(GEMM_N) {
-            let k = GEMM_N.min(n - t0);
-            let xv = xn.slice(t0 * h..(t0 + k) * h);
-            let mut yv = lg.slice_mut(t0 * ne..(t0 + k) * ne);
-            let (r, c, kk) = (ne as i32, h as i32, k as i32);
-            let mut b = self.s().launch_builder(self.gpu.func("gemm_f32_smalln")?);
-            b.arg(gate).arg(&xv).arg(&mut yv).arg(&r).arg(&c).arg(&kk);
-            // SAFETY: kernels/gemm_f32.cu's signature.
-            unsafe { b.launch(grid(g1(ne.div_ceil(8)), 256)) }.map_err(drv)?;
-        }
+        let router = self
+            .routers
+            .get(&(m.gate.as_ptr() as usize))
+            .ok_or_else(|| Error::Engine("CUDA backend: a router is not on the device".into()))?;
+        let lg = self.gemm_dev(router, xn, n)?; // [n, E]
         let logits = self.s().clone_dtoh(&lg).map_err(drv)?; // [n, E]
         let k = moe_cfg.num_experts_per_tok;
         let (mut tok, mut ex, mut wt) = (Vec::new(), Vec::new(), Vec::new());
-        let mut active = vec![false; ne];
+        let mut active = vec![false; ne]; // [E]
         for t in 0..n {
             let r = route(
                 moe_cfg,
@@ -542,12 +553,8 @@ impl CudaBackend {
                 active[e] = true;
             }
         }
-        let bytes = m.gate.len() * 4
-            + m.shared.as_ref().map_or(0, Expert::nbytes)
-            + (0..ne)
-                .filter(|&e| active[e])
-                .map(|e| m.experts[e].nbytes())
-                .sum::<usize>();
+        let active: Vec<usize> = (0..ne).filter(|&e| active[e]).collect();
+        let bytes = crate::model::moe::weight_bytes(m, &active);
         let Some(de) = self.experts.get(&key(m)) else {
             let out = self.moe_per_expert(m, xn, n, &tok, &ex, &wt)?;
             return Ok((out, bytes));

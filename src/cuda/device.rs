@@ -59,8 +59,7 @@ fn cfg(grid: (u32, u32, u32), block: u32) -> LaunchConfig {
 impl Gpu {
     /// Device `ordinal`; kernels from NVRTC, else from `cubin_dir/<file>.<arch>.cubin`.
     pub fn open(ordinal: usize, cubin_dir: Option<&Path>) -> Result<Gpu> {
-        // SAFETY: probes whether the driver library loads.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !driver_present() {
             return Err(Error::Engine(
                 "no CUDA driver (libcuda.so cannot be loaded): this machine has no NVIDIA GPU \
                  driver"
@@ -111,7 +110,8 @@ impl Gpu {
         })
     }
 
-    fn f(&self, name: &str) -> Result<&CudaFunction> {
+    /// A loaded kernel by name.
+    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
         self.funcs
             .get(name)
             .ok_or_else(|| Error::Engine(format!("kernel {name} not loaded")))
@@ -120,11 +120,6 @@ impl Gpu {
     /// The stream every launch of this device goes to.
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
-    }
-
-    /// A loaded kernel by name.
-    pub(crate) fn func(&self, name: &str) -> Result<&CudaFunction> {
-        self.f(name)
     }
 
     pub fn synchronize(&self) -> Result<()> {
@@ -138,7 +133,7 @@ impl Gpu {
         let dx = s.clone_htod(x).map_err(drv)?;
         let dw = s.clone_htod(w).map_err(drv)?;
         let mut dy = s.alloc_zeros::<f32>(x.len()).map_err(drv)?;
-        let f = self.f("rms_norm_f32")?;
+        let f = self.func("rms_norm_f32")?;
         let mut b = s.launch_builder(f);
         b.arg(&dx).arg(&dw).arg(&mut dy).arg(&cols).arg(&eps);
         // SAFETY: argument types and sizes match the kernel's signature (kernels/rmsnorm.cu).
@@ -159,7 +154,7 @@ impl Gpu {
         let dx = s.clone_htod(x).map_err(drv)?;
         let mut dy = s.alloc_zeros::<f32>(n * rows).map_err(drv)?;
         let (r, c, nn) = (rows as i32, cols as i32, n as i32);
-        let mut b = s.launch_builder(self.f("gemm_bf16_smalln")?);
+        let mut b = s.launch_builder(self.func("gemm_bf16_smalln")?);
         b.arg(&dw).arg(&dx).arg(&mut dy).arg(&r).arg(&c).arg(&nn);
         // SAFETY: as the kernel's signature (kernels/gemm_bf16.cu); sizes checked above.
         unsafe { b.launch(cfg((rows.div_ceil(8) as u32, 1, 1), 256)) }.map_err(drv)?;
@@ -188,7 +183,7 @@ impl Gpu {
         let dx = s.clone_htod(x).map_err(drv)?;
         let mut dy = s.alloc_zeros::<f32>(n * rows).map_err(drv)?;
         let (r, c, nn) = (rows as i32, cols as i32, n as i32);
-        let mut b = s.launch_builder(self.f("gemm_fp8_block_smalln")?);
+        let mut b = s.launch_builder(self.func("gemm_fp8_block_smalln")?);
         b.arg(&dw)
             .arg(&ds)
             .arg(&dx)
@@ -217,7 +212,7 @@ impl Gpu {
         let dx = s.clone_htod(x).map_err(drv)?;
         let mut dy = s.alloc_zeros::<f32>(n * rows).map_err(drv)?;
         let (r, c, nn) = (rows as i32, cols as i32, n as i32);
-        let f = self.f("gemm_bf16_smalln")?;
+        let f = self.func("gemm_bf16_smalln")?;
         let mut t0 = std::time::Instant::now();
         for i in 0..=reps {
             if i == 1 {
@@ -239,7 +234,7 @@ impl Gpu {
         let s = &self.stream;
         let dx = s.clone_htod(x).map_err(drv)?;
         let mut dy = s.alloc_zeros::<f32>(x.len()).map_err(drv)?;
-        let mut b = s.launch_builder(self.f("log_softmax_f32")?);
+        let mut b = s.launch_builder(self.func("log_softmax_f32")?);
         b.arg(&dx).arg(&mut dy).arg(&vocab);
         // SAFETY: as the kernel's signature (kernels/log_softmax.cu).
         unsafe { b.launch(cfg((rows as u32, 1, 1), 512)) }.map_err(drv)?;
@@ -259,7 +254,7 @@ impl Gpu {
         let dslots = s.clone_htod(slots).map_err(drv)?;
         let mut dc = s.alloc_zeros::<u16>(num_slots * width).map_err(drv)?;
         let w = width as i32;
-        let mut b = s.launch_builder(self.f("kv_write_bf16")?);
+        let mut b = s.launch_builder(self.func("kv_write_bf16")?);
         b.arg(&dsrc).arg(&dslots).arg(&mut dc).arg(&w);
         // SAFETY: as the kernel's signature (kernels/kv_write.cu); slots < num_slots (caller).
         unsafe { b.launch(cfg((slots.len() as u32, 1, 1), 128)) }.map_err(drv)?;
@@ -281,7 +276,7 @@ impl Gpu {
         let dslots = s.clone_htod(slots).map_err(drv)?;
         let mut dc = s.alloc_zeros::<u8>(num_slots * entry_bytes).map_err(drv)?;
         let (l, r, e) = (lat as i32, rope as i32, entry_bytes as i32);
-        let mut b = s.launch_builder(self.f("kv_write_fp8")?);
+        let mut b = s.launch_builder(self.func("kv_write_fp8")?);
         b.arg(&dsrc)
             .arg(&dslots)
             .arg(&mut dc)
@@ -332,7 +327,7 @@ impl Gpu {
             heads as i32,
             n_splits as i32,
         );
-        let mut b = s.launch_builder(self.f("mla_decode_split")?);
+        let mut b = s.launch_builder(self.func("mla_decode_split")?);
         b.arg(&dcache)
             .arg(&dbt)
             .arg(&mb)
@@ -352,7 +347,7 @@ impl Gpu {
         // SAFETY: as the kernel's signature (kernels/mla_decode.cu); the caller's tables index
         // inside the cache.
         unsafe { b.launch(cfg((n_q as u32, heads as u32, n_splits as u32), 128)) }.map_err(drv)?;
-        let mut b = s.launch_builder(self.f("mla_decode_combine")?);
+        let mut b = s.launch_builder(self.func("mla_decode_combine")?);
         b.arg(&ml)
             .arg(&acc)
             .arg(&h)
@@ -392,7 +387,7 @@ impl Gpu {
         );
         let mut out = s.alloc_zeros::<f32>(n_q * heads * dv).map_err(drv)?;
         let (h, a, b) = (heads as i32, dqk as i32, dv as i32);
-        let mut lb = s.launch_builder(self.f("mha_prefill_f32")?);
+        let mut lb = s.launch_builder(self.func("mha_prefill_f32")?);
         lb.arg(&dq)
             .arg(&dk)
             .arg(&dvv)
@@ -447,7 +442,7 @@ impl Gpu {
         let mut y = s.alloc_zeros::<f32>(na * hidden).map_err(drv)?;
         let mut out = s.alloc_zeros::<f32>(n * hidden).map_err(drv)?;
         let (hh, ii, kk) = (hidden as i32, inter as i32, top_k as i32);
-        let mut b = s.launch_builder(self.f("moe_gate_up_bf16")?);
+        let mut b = s.launch_builder(self.func("moe_gate_up_bf16")?);
         b.arg(&dg)
             .arg(&du)
             .arg(&dx)
@@ -458,11 +453,11 @@ impl Gpu {
             .arg(&ii);
         // SAFETY: as the kernel's signature; expert ids index the weight stacks (caller).
         unsafe { b.launch(cfg((inter.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
-        let mut b = s.launch_builder(self.f("moe_down_bf16")?);
+        let mut b = s.launch_builder(self.func("moe_down_bf16")?);
         b.arg(&dd).arg(&hid).arg(&de).arg(&mut y).arg(&hh).arg(&ii);
         // SAFETY: as above.
         unsafe { b.launch(cfg((hidden.div_ceil(8) as u32, na as u32, 1), 256)) }.map_err(drv)?;
-        let mut b = s.launch_builder(self.f("moe_combine")?);
+        let mut b = s.launch_builder(self.func("moe_combine")?);
         b.arg(&y).arg(&dw).arg(&mut out).arg(&hh).arg(&kk);
         // SAFETY: as above.
         unsafe { b.launch(cfg((n as u32, 1, 1), 256)) }.map_err(drv)?;
@@ -494,7 +489,7 @@ impl Gpu {
             topk_group as i32,
             top_k as i32,
         );
-        let mut b = s.launch_builder(self.f("moe_route_noaux_tc")?);
+        let mut b = s.launch_builder(self.func("moe_route_noaux_tc")?);
         b.arg(&dl)
             .arg(&db)
             .arg(&nn)
@@ -537,7 +532,7 @@ impl Gpu {
             offset as i32,
             rope_dim as i32,
         );
-        let mut b = s.launch_builder(self.f("rope_interleaved_f32")?);
+        let mut b = s.launch_builder(self.func("rope_interleaved_f32")?);
         b.arg(&mut dx)
             .arg(&dp)
             .arg(&dc)
@@ -673,8 +668,7 @@ mod tests {
 
     #[test]
     fn opening_a_device_without_a_driver_is_an_error() {
-        // SAFETY: only probes the library.
-        if unsafe { cudarc::driver::sys::is_culib_present() } {
+        if driver_present() {
             return; // a GPU machine: gpu-check covers it
         }
         let err = Gpu::open(0, None).err().expect("no driver").to_string();

@@ -91,6 +91,17 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// A drafter was installed or restored: a new draft generation with no evidence yet
+    /// (acceptance priors, draft cost fit and guard start afresh; drafting is on again).
+    pub(crate) fn new_drafter_generation(&mut self) {
+        self.draft_generation += 1;
+        self.drafter_disabled = None;
+        self.drafter_alpha = DRAFTER_ALPHA_PRIOR;
+        self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
+        self.draft_cost = Default::default();
+        self.guard = Default::default();
+    }
+
     /// Preempt running[idx]: free its KV (target and draft), keep its committed tokens, requeue at
     /// the front of the waiting queue; it is recomputed later with the same attention paths, so its
     /// output is unchanged.

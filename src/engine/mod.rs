@@ -314,12 +314,7 @@ impl Engine {
                             .into(),
                     ));
                 }
-                if cfg.kv_dtype != KvDtype::Bf16 {
-                    return Err(Error::InvalidArgument(format!(
-                        "device {}: the CUDA backend's latent cache is bf16 (kv_dtype {:?} asked)",
-                        cfg.device, cfg.kv_dtype
-                    )));
-                }
+                crate::cuda::CudaBackend::check_cache_dtype(cfg.kv_dtype)?;
                 // Shared prefix blocks are copied on write by the host cache only.
                 cfg.prefix_cache = false;
                 Some(Arc::new(crate::cuda::CudaBackend::new(

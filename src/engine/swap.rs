@@ -249,8 +249,11 @@ pub(crate) fn build(
         label,
     )?;
     if let crate::backend::Device::Cuda(n) = ctx.device {
-        if ctx.kv_dtype == KvDtype::Bf16 && crate::cuda::CudaBackend::check_model(&model).is_ok() {
-            p = p.with_cuda(Arc::new(crate::cuda::CudaBackend::new(&model, n, None)?));
+        use crate::cuda::CudaBackend;
+        if CudaBackend::check_cache_dtype(ctx.kv_dtype).is_ok()
+            && CudaBackend::check_model(&model).is_ok()
+        {
+            p = p.with_cuda(Arc::new(CudaBackend::new(&model, n, None)?));
         }
     }
     Ok((Some(Box::new(p)), Some(config)))
@@ -393,12 +396,7 @@ impl Swaps {
             "acceptance {now:.3} over {drafted} drafted tokens is below the guard's {want:.3}"
         );
         core.proposer = g.prev;
-        core.draft_generation += 1;
-        core.drafter_disabled = None;
-        core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR;
-        core.pos_alpha.fill(super::core::DRAFTER_ALPHA_PRIOR);
-        core.draft_cost = Default::default();
-        core.guard = Default::default();
+        core.new_drafter_generation();
         // the restored drafter missed the tokens committed meanwhile: cut its per-request state
         // to what it still shares with each request
         if let Some(p) = core.proposer.as_mut() {
@@ -437,12 +435,7 @@ impl Swaps {
                 prev_generation: core.draft_generation,
             });
             core.proposer = r.proposer;
-            core.draft_generation += 1;
-            core.drafter_disabled = None;
-            core.drafter_alpha = super::core::DRAFTER_ALPHA_PRIOR; // a new drafter: no evidence yet
-            core.pos_alpha.fill(super::core::DRAFTER_ALPHA_PRIOR);
-            core.draft_cost = Default::default();
-            core.guard = Default::default();
+            core.new_drafter_generation();
             if r.config.is_some() || core.proposer.is_none() {
                 *self.current.lock().unwrap_or_else(|e| e.into_inner()) = r.config;
             }

@@ -26,36 +26,9 @@ pub struct ForwardOut {
     pub weight_bytes: u64,
 }
 
-/// One decoder layer over the batch: x += attn(norm(x)); x += ffn(norm(x)), on the CPU. `kv_layer`
-/// is the layer's index in `kv`. Adds the weight bytes it read to `bytes`. x: [n, hidden].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn decoder_layer(
-    cfg: &ModelConfig,
-    rope: &Rope,
-    layer: &DecoderLayer,
-    kv_layer: usize,
-    x: &mut Vec<f32>,
-    pos: &[usize],
-    chunks: &[SeqChunk],
-    kv: &mut KvCache,
-    bytes: &mut u64,
-) {
-    decoder_layer_on(
-        &CpuBackend,
-        cfg,
-        rope,
-        layer,
-        kv_layer,
-        x,
-        pos,
-        chunks,
-        kv,
-        bytes,
-    )
-    .expect("the CPU backend's ops do not fail");
-}
-
-/// [`decoder_layer`] through any backend. x: [n, hidden] in the backend's memory.
+/// One decoder layer over the batch through backend `b`: x += attn(norm(x)); x += ffn(norm(x)).
+/// `kv_layer` is the layer's index in `kv`. Adds the weight bytes it read to `bytes`.
+/// x: [n, hidden] in the backend's memory.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer_on<B: Backend>(
     b: &B,

@@ -160,9 +160,7 @@ pub(crate) fn moe(
     }
     let k = cfg.num_experts_per_tok;
     let active: Vec<usize> = (0..ne).filter(|&e| !per_expert[e].is_empty()).collect();
-    let bytes = m.gate.len() * 4
-        + m.shared.as_ref().map_or(0, Expert::nbytes)
-        + active.iter().map(|&e| m.experts[e].nbytes()).sum::<usize>();
+    let bytes = weight_bytes(m, &active);
     if n == 1 {
         return (moe_one_token(m, &routes[0], x), bytes);
     }
@@ -201,6 +199,14 @@ pub(crate) fn moe(
         }
     }
     (y, bytes)
+}
+
+/// Weight bytes a MoE block reads for tokens that selected the `active` experts: the router,
+/// the shared experts and each active routed expert once (every backend counts it so).
+pub(crate) fn weight_bytes(m: &Moe, active: &[usize]) -> usize {
+    m.gate.len() * 4
+        + m.shared.as_ref().map_or(0, Expert::nbytes)
+        + active.iter().map(|&e| m.experts[e].nbytes()).sum::<usize>()
 }
 
 /// `moe` for one token (decode): the routed and shared experts' gate and up projections run as

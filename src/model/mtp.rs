@@ -8,12 +8,13 @@
 //! (k > 1) it is the MTP layer's own previous output x' (before shared_head.norm), as vLLM
 //! chains it.
 
+use crate::backend::CpuBackend;
 use crate::error::{Error, Result};
 use crate::kernels::{for_each_row, matmul, matrix_row_f32, rms_norm};
 use crate::kv::KvCache;
 
 use super::batch::SeqChunk;
-use super::forward::{decoder_layer, flatten, logit_rows};
+use super::forward::{decoder_layer_on, flatten, logit_rows};
 use super::weights::Model;
 
 impl Model {
@@ -85,9 +86,18 @@ impl Model {
         let mut x = vec![0f32; n * h]; // [n, hidden]
         matmul(&mtp.eh_proj, &cat, n, &mut x);
         let mut bytes = 0u64; // (the MTP drafter's bytes are costed by the bench, not counted here)
-        decoder_layer(
-            cfg, &self.rope, &mtp.layer, 0, &mut x, &pos, chunks, kv, &mut bytes,
-        );
+        decoder_layer_on(
+            &CpuBackend,
+            cfg,
+            &self.rope,
+            &mtp.layer,
+            0,
+            &mut x,
+            &pos,
+            chunks,
+            kv,
+            &mut bytes,
+        )?;
         let rows = logit_rows(chunks);
         let mut hs = vec![0f32; rows.len() * h]; // [n_rows, hidden]
         for_each_row(&mut hs, h, rows.len() * h, |i, o| {

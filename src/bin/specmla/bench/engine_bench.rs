@@ -75,7 +75,7 @@ pub fn run(
     let probe_bytes = if a.quick { 256 << 20 } else { 512 << 20 };
     let bw = pool.install(|| measure_read_bandwidth(probe_bytes, if a.quick { 3 } else { 5 }));
     let peak = pool.install(|| measure_peak_flops(3));
-    drop(pool);
+    // (kept for the interleaved roofline rounds; its threads sleep while the engine runs)
 
     // ---- the model
     let t = Instant::now();
@@ -221,30 +221,24 @@ pub fn run(
     // its bandwidth from one minute to the next; the probe right before each decode run is
     // the bandwidth that run had.
     let rounds = a.roofline_rounds.unwrap_or(if a.quick { 2 } else { 5 });
-    let mut interleaved = Vec::new(); // (probe bytes/s, step seconds)
-    if rounds > 0 {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| Error::Engine(format!("thread pool: {e}")))?;
-        for r in 0..rounds {
-            progress(&format!(
-                "roofline round {}/{rounds}: probe, then {decode_steps} decode steps",
-                r + 1
-            ));
-            let bw_r = pool.install(|| measure_read_bandwidth(probe_bytes, 3));
-            let d = decode(
-                &engine,
-                1,
-                decode_prompt_len,
-                warmup,
-                decode_steps,
-                vocab,
-                lo,
-                a.seed + 5000 + r as u64,
-            )?;
-            interleaved.push((bw_r, d.secs / d.steps as f64, d.mean_ctx));
-        }
+    let mut interleaved = Vec::new(); // (probe bytes/s, step seconds, mean context)
+    for r in 0..rounds {
+        progress(&format!(
+            "roofline round {}/{rounds}: probe, then {decode_steps} decode steps",
+            r + 1
+        ));
+        let bw_r = pool.install(|| measure_read_bandwidth(probe_bytes, 3));
+        let d = decode(
+            &engine,
+            1,
+            decode_prompt_len,
+            warmup,
+            decode_steps,
+            vocab,
+            lo,
+            a.seed + 5000 + r as u64,
+        )?;
+        interleaved.push((bw_r, d.secs / d.steps as f64, d.mean_ctx));
     }
 
     // ---- report
@@ -380,8 +374,8 @@ pub fn run(
             "batch-1 roofline, interleaved ({} rounds of probe + {decode_steps} steps): median {:.1}% of the bandwidth probed just before (min {:.1}%, max {:.1}%): {}\n",
             interleaved.len(),
             100.0 * super::percentile(&inter_fracs, 50.0),
-            100.0 * inter_fracs.iter().copied().fold(f64::INFINITY, f64::min),
-            100.0 * inter_fracs.iter().copied().fold(0.0, f64::max),
+            100.0 * super::min_max(&inter_fracs).0,
+            100.0 * super::min_max(&inter_fracs).1,
             cells.join("; ")
         );
     }

@@ -252,6 +252,14 @@ pub fn percentile(xs: &[f64], q: f64) -> f64 {
     v[rank.min(v.len()) - 1]
 }
 
+/// (smallest, largest) of `xs` ((inf, -inf) when empty).
+pub fn min_max(xs: &[f64]) -> (f64, f64) {
+    xs.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
+}
+
 /// A plain-text table with right-aligned columns.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();

@@ -533,11 +533,10 @@ fn run_target(
                         format!("{draft_ms_tok:.2}/{target_ms:.2}"),
                         if identical { "yes".into() } else { "NO".into() },
                         match paired_median {
-                            Some(m) => format!(
-                                "{m:.2}x ({:.2}-{:.2})",
-                                paired.iter().copied().fold(f64::INFINITY, f64::min),
-                                paired.iter().copied().fold(0.0, f64::max)
-                            ),
+                            Some(m) => {
+                                let (lo, hi) = super::min_max(&paired);
+                                format!("{m:.2}x ({lo:.2}-{hi:.2})")
+                            }
                             None => "-".into(),
                         },
                     ]);
