@@ -13,6 +13,9 @@
 //! - A block's generation changes whenever its cache identity is dropped (eviction, un-registering,
 //!   reset), so children recorded under an old parent can never be chained onto a reused block.
 //! - Changing the salt (`reset`) drops every entry: nothing registered before can match again.
+//! - An entry whose parent's identity was dropped since (an *orphan*: no lookup can reach it) is
+//!   found by `orphan` and relinked (`reparent`, same block) or dropped by the cache when the same
+//!   prefix is registered again, so an un-registered ancestor does not make its key unusable.
 
 use std::collections::HashMap;
 
@@ -103,6 +106,23 @@ impl PrefixCache {
         let bs = self.block_size;
         let stored = &self.tokens[b as usize * bs..(b as usize + 1) * bs];
         (e.hash == h && e.parent == parent && stored == toks).then_some(b)
+    }
+
+    /// The block registered under `h` if it is an orphan: its recorded parent's generation (read
+    /// through `parent_gen`, the table the parent lives in) changed since, so no lookup along any
+    /// chain can reach it again.
+    pub(crate) fn orphan(&self, h: u64, parent_gen: impl Fn(u32) -> u64) -> Option<u32> {
+        let &b = self.map.get(&h)?;
+        let (pb, pg) = self.entry[b as usize]?.parent?;
+        (parent_gen(pb) != pg).then_some(b)
+    }
+
+    /// Relink registered block `b` under `parent` (its key, tokens and generation stay, so the
+    /// children recorded under it stay reachable).
+    pub(crate) fn reparent(&mut self, b: u32, parent: Parent) {
+        if let Some(e) = &mut self.entry[b as usize] {
+            e.parent = parent;
+        }
     }
 
     /// Register `b` under key `h`. The caller checked that neither `h` nor `b` is registered.

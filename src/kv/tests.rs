@@ -291,6 +291,61 @@ fn unregistered_parent_orphans_children() {
 }
 
 #[test]
+fn re_registering_relinks_an_orphaned_prefix() {
+    // a registers block 0; b (same tokens, its own blocks) registers 8 tokens: its block 1 is
+    // chained under a's block 0. a truncates into its block 0 (un-registered: b's child is now an
+    // orphan). b registering its 8 tokens again must make all 8 matchable: its block 0 takes the
+    // first key and its orphaned block 1 is relinked under it (found by a property test).
+    let mut c = KvCache::new(cfg(KvDtype::F32, 8)).unwrap();
+    let p: Vec<u32> = (0..8).collect();
+    let (mut a, mut b) = (SeqKv::new(), SeqKv::new());
+    fill(&mut c, &mut a, 5, 1);
+    c.register_prefix(&a, &p[..4]);
+    fill(&mut c, &mut b, 8, 1);
+    c.register_prefix(&b, &p);
+    c.truncate(&mut a, 3);
+    let mut m = c.match_prefix(&p, usize::MAX);
+    assert_eq!(m.len(), 0, "a's block 0 lost its identity: nothing matches");
+    c.free(&mut m);
+    c.register_prefix(&b, &p);
+    let mut m = c.match_prefix(&p, usize::MAX);
+    assert_eq!(m.blocks(), b.blocks(), "both of b's blocks match again");
+    assert_eq!(read(&c, &m, 1, 0, 8), read(&c, &b, 1, 0, 8));
+    c.free(&mut m);
+    c.check_invariants(&[&a, &b]).unwrap();
+    // an orphan held by nobody is dropped (its block freed) when another block takes its key
+    c.free(&mut b);
+    c.free(&mut a);
+    c.reset_prefix_cache(7);
+    fill(&mut c, &mut a, 5, 1);
+    c.register_prefix(&a, &p[..4]);
+    fill(&mut c, &mut b, 8, 1);
+    c.register_prefix(&b, &p);
+    let orphan = b.blocks()[1];
+    c.free(&mut b);
+    c.truncate(&mut a, 3);
+    assert!(c.block_is_cached(orphan), "evictable, unreachable");
+    let mut d = SeqKv::new();
+    fill(&mut c, &mut d, 8, 1);
+    c.register_prefix(&d, &p);
+    assert!(
+        !c.block_is_cached(orphan),
+        "the orphan gave its key to d's block"
+    );
+    let mut m = c.match_prefix(&p, usize::MAX);
+    assert_eq!(m.blocks(), d.blocks());
+    c.free(&mut m);
+    c.free(&mut d);
+    c.free(&mut a);
+    assert_eq!(
+        c.stats().cached_blocks,
+        2,
+        "d's two blocks, nothing stranded"
+    );
+    c.check_invariants(&[]).unwrap();
+}
+
+#[test]
 fn reset_prefix_cache_drops_everything() {
     let mut c = KvCache::new(cfg(KvDtype::F32, 4)).unwrap();
     let p: Vec<u32> = (0..8).collect();

@@ -106,11 +106,27 @@ impl WinClass {
     }
 
     /// Publish window block `b` (block index with chain hash `h`, main identity `main`).
-    pub(super) fn publish(&mut self, b: u32, h: u64, main: Parent, toks: &[u32]) {
-        if self.prefix.lookup(h, main, toks).is_some()
-            || self.prefix.contains_hash(h)
-            || self.prefix.is_cached(b)
-        {
+    pub(super) fn publish(
+        &mut self,
+        b: u32,
+        h: u64,
+        main: Parent,
+        toks: &[u32],
+        main_gen: impl Fn(u32) -> u64,
+    ) {
+        if self.prefix.lookup(h, main, toks).is_some() {
+            return;
+        }
+        if let Some(o) = self.prefix.orphan(h, main_gen) {
+            // its main-table block lost its identity since: relink (same block) or drop it
+            if o == b && self.prefix.identity(b).is_some_and(|(_, t)| t == toks) {
+                self.prefix.reparent(b, main);
+                return;
+            }
+            self.prefix.remove(o);
+            self.alloc.uncache(o);
+        }
+        if self.prefix.contains_hash(h) || self.prefix.is_cached(b) {
             return;
         }
         self.prefix.insert(b, h, main, toks);
