@@ -10,7 +10,7 @@
 //! block first (lowest id first on a fresh pool) and only then evicts the least recently released
 //! cached block. All orders are deterministic (no hashing of ids).
 
-use super::prefix_cache::PrefixCache;
+use super::prefix_cache::{Parent, PrefixCache};
 use std::collections::BTreeSet;
 
 #[derive(Debug)]
@@ -134,6 +134,36 @@ impl BlockAllocator {
             prefix.remove(t.block);
         }
         Some(t.block)
+    }
+
+    /// Settle the orphan registered in `prefix` under key `h`, if any (its parent's identity —
+    /// in `parents`, else in `prefix` itself — was dropped since, so no lookup can reach it):
+    /// relinked under `keep`'s parent when it is `keep`'s block with `keep`'s tokens (true: its
+    /// children stay reachable), else its identity dropped and its block freed once nobody holds
+    /// it, so another block can take the key (false). No orphan: false.
+    pub(crate) fn settle_orphan(
+        &mut self,
+        prefix: &mut PrefixCache,
+        h: u64,
+        keep: Option<(u32, Parent, &[u32])>,
+        parents: Option<&PrefixCache>,
+    ) -> bool {
+        let orphan = match parents {
+            Some(t) => prefix.orphan(h, |p| t.generation(p)),
+            None => prefix.orphan(h, |p| prefix.generation(p)),
+        };
+        let Some(o) = orphan else {
+            return false;
+        };
+        if let Some((b, parent, toks)) = keep {
+            if o == b && prefix.identity(b).is_some_and(|(_, t)| t == toks) {
+                prefix.reparent(b, parent);
+                return true;
+            }
+        }
+        prefix.remove(o);
+        self.uncache(o);
+        false
     }
 
     /// Drop one reference of `b`; at 0 it stays evictable while `prefix` knows it.

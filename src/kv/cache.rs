@@ -958,10 +958,8 @@ impl KvCache {
         for toks in tokens.chunks_exact(bs).take(n_full).skip(held) {
             let h = self.prefix.hash(prev, toks);
             let h2 = self.prefix.hash2(prev2, toks);
-            if let Some(o) = self.prefix.orphan(h, |p| self.prefix.generation(p)) {
-                self.prefix.remove(o); // unreachable: the restored block takes its key
-                self.alloc.uncache(o);
-            }
+            // an unreachable entry under h gives its key to the restored block
+            self.alloc.settle_orphan(&mut self.prefix, h, None, None);
             if self.prefix.contains_hash(h) {
                 break;
             }
@@ -1066,7 +1064,12 @@ impl KvCache {
             let h2 = self.prefix.hash2(prev2, toks);
             let canonical = if let Some(c) = self.prefix.lookup(h, parent, toks) {
                 c
-            } else if self.relink_orphan(h, seq.blocks[i], parent, toks) {
+            } else if self.alloc.settle_orphan(
+                &mut self.prefix,
+                h,
+                Some((seq.blocks[i], parent, toks)),
+                None,
+            ) {
                 seq.blocks[i]
             } else {
                 let b = seq.blocks[i];
@@ -1091,30 +1094,10 @@ impl KvCache {
             parent = Some((canonical, self.prefix.generation(canonical)));
             if let Some(w) = &mut self.win {
                 if i >= seq.win_first && i < seq.win_first + seq.win.len() {
-                    let main = &self.prefix;
-                    w.publish(seq.win[i - seq.win_first], h, parent, toks, |p| {
-                        main.generation(p)
-                    });
+                    w.publish(seq.win[i - seq.win_first], h, parent, toks, &self.prefix);
                 }
             }
         }
-    }
-
-    /// An orphan registered under `h` (its parent was un-registered since, so it cannot be
-    /// matched): relinked under `parent` when it is `b` itself with the same tokens (true; `b`'s
-    /// children stay reachable), else dropped (its block becomes free once nobody holds it) so
-    /// `b` can take the key (false).
-    fn relink_orphan(&mut self, h: u64, b: u32, parent: Parent, toks: &[u32]) -> bool {
-        let Some(o) = self.prefix.orphan(h, |p| self.prefix.generation(p)) else {
-            return false;
-        };
-        if o == b && self.prefix.identity(b).is_some_and(|(_, t)| t == toks) {
-            self.prefix.reparent(b, parent);
-            return true;
-        }
-        self.prefix.remove(o);
-        self.alloc.uncache(o);
-        false
     }
 
     /// Change the salt mixed into every prefix hash and drop every cached entry: evictable blocks

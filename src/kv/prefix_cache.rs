@@ -14,8 +14,8 @@
 //!   reset), so children recorded under an old parent can never be chained onto a reused block.
 //! - Changing the salt (`reset`) drops every entry: nothing registered before can match again.
 //! - An entry whose parent's identity was dropped since (an *orphan*: no lookup can reach it) is
-//!   found by `orphan` and relinked (`reparent`, same block) or dropped by the cache when the same
-//!   prefix is registered again, so an un-registered ancestor does not make its key unusable.
+//!   relinked (same block) or dropped by `BlockAllocator::settle_orphan` when the same prefix is
+//!   registered or restored again, so an un-registered ancestor does not make its key unusable.
 
 use std::collections::HashMap;
 

@@ -105,26 +105,21 @@ impl WinClass {
             .collect()
     }
 
-    /// Publish window block `b` (block index with chain hash `h`, main identity `main`).
+    /// Publish window block `b` (block index with chain hash `h`, main identity `main` in
+    /// `main_table`).
     pub(super) fn publish(
         &mut self,
         b: u32,
         h: u64,
         main: Parent,
         toks: &[u32],
-        main_gen: impl Fn(u32) -> u64,
+        main_table: &PrefixCache,
     ) {
-        if self.prefix.lookup(h, main, toks).is_some() {
+        if self.prefix.lookup(h, main, toks).is_some()
+            // an entry whose main-table block lost its identity since: relinked or dropped
+            || self.alloc.settle_orphan(&mut self.prefix, h, Some((b, main, toks)), Some(main_table))
+        {
             return;
-        }
-        if let Some(o) = self.prefix.orphan(h, main_gen) {
-            // its main-table block lost its identity since: relink (same block) or drop it
-            if o == b && self.prefix.identity(b).is_some_and(|(_, t)| t == toks) {
-                self.prefix.reparent(b, main);
-                return;
-            }
-            self.prefix.remove(o);
-            self.alloc.uncache(o);
         }
         if self.prefix.contains_hash(h) || self.prefix.is_cached(b) {
             return;
