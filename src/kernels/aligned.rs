@@ -32,6 +32,23 @@ impl AlignedBuf {
         // contiguous run of at least `len` initialised f32s.
         unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, len) }
     }
+    /// The first `len` 16-bit words, contents unspecified (the AMX GEMM's bf16 operands).
+    pub(crate) fn reuse_u16(&mut self, len: usize) -> &mut [u16] {
+        let lines = len.div_ceil(32);
+        if self.lines.len() < lines {
+            self.lines.resize(lines, Line([0.0; 16]));
+        }
+        // SAFETY: a `Line` is 64 initialised bytes with no padding, so the lines are a
+        // contiguous run of at least `len` initialised u16s (any bit pattern is a valid u16).
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut u16, len) }
+    }
+    /// Every 16-bit word the buffer holds (empty when it was never grown).
+    pub(crate) fn as_u16(&self) -> &[u16] {
+        // SAFETY: as in `reuse_u16`.
+        unsafe {
+            std::slice::from_raw_parts(self.lines.as_ptr() as *const u16, self.lines.len() * 32)
+        }
+    }
     /// Every float the buffer holds (a whole number of lines).
     pub(crate) fn as_slice(&self) -> &[f32] {
         // SAFETY: as in `as_mut`.

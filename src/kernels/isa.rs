@@ -5,10 +5,14 @@
 //! `EngineConfig::isa`, CLI `--isa`) and pins it on every worker thread with [`pin_thread`];
 //! threads that never pinned one use the best the CPU has ([`Isa::detect`]).
 //!
-//! Guarantee: every ISA computes each output element with the same fixed sequence of
-//! operations defined in `lanes.rs` (the AVX-512 kernels pack two 8-lane accumulators into one
-//! 512-bit register; they never change an element's order), so results are bitwise equal across
-//! `portable`, `avx2` and `avx512` — and batch-invariant on each.
+//! Guarantee: every ISA computes each output element with one fixed sequence of operations,
+//! whatever the batch, so each level is batch-invariant on its own. `portable`, `avx2` and
+//! `avx512` share the sequence defined in `lanes.rs` (the AVX-512 kernels pack two 8-lane
+//! accumulators into one 512-bit register; they never change an element's order), so their
+//! results are bitwise equal. `amx` runs bf16-weight matmuls on the AMX tile unit
+//! (`gemm/amx.rs`: exact products, a different f32 accumulation order), so its bf16 matmuls
+//! differ from the other levels by f32 rounding (within the tolerance the kernel tests state);
+//! everything else on `amx` is the `avx512` code.
 
 use std::cell::Cell;
 use std::fmt;
@@ -22,6 +26,8 @@ pub enum IsaLevel {
     Avx2,
     /// AVX-512 F/DQ/BW/VL on top of AVX2 + FMA + F16C (512-bit tiles for multi-token matmuls).
     Avx512,
+    /// AVX-512 plus AMX-TILE/AMX-BF16 (granted by the OS): bf16 matmuls on the tile unit.
+    Amx,
 }
 
 /// The kernels' instruction set (a checked [`IsaLevel`]: only levels the CPU has can be built).
@@ -35,22 +41,29 @@ thread_local! {
 }
 
 impl IsaLevel {
-    pub const ALL: [IsaLevel; 3] = [IsaLevel::Portable, IsaLevel::Avx2, IsaLevel::Avx512];
+    pub const ALL: [IsaLevel; 4] = [
+        IsaLevel::Portable,
+        IsaLevel::Avx2,
+        IsaLevel::Avx512,
+        IsaLevel::Amx,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             IsaLevel::Portable => "portable",
             IsaLevel::Avx2 => "avx2",
             IsaLevel::Avx512 => "avx512",
+            IsaLevel::Amx => "amx",
         }
     }
 
-    /// Parse `portable` / `avx2` / `avx512` (also `native`/`auto`: the best available).
+    /// Parse `portable` / `avx2` / `avx512` / `amx` (also `native`/`auto`: the best available).
     pub fn parse(s: &str) -> Option<Option<IsaLevel>> {
         match s.trim().to_ascii_lowercase().as_str() {
             "portable" | "scalar" => Some(Some(IsaLevel::Portable)),
             "avx2" => Some(Some(IsaLevel::Avx2)),
             "avx512" | "avx-512" => Some(Some(IsaLevel::Avx512)),
+            "amx" | "amx-bf16" => Some(Some(IsaLevel::Amx)),
             "auto" | "native" | "best" => Some(None),
             _ => None,
         }
@@ -74,6 +87,8 @@ impl IsaLevel {
                     && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vl")
             }
+            #[cfg(target_arch = "x86_64")]
+            IsaLevel::Amx => IsaLevel::Avx512.supported() && super::amx::os_grants_tiles(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -119,6 +134,17 @@ impl Isa {
     pub fn avx512(&self) -> bool {
         self.level >= IsaLevel::Avx512
     }
+    /// This ISA with the AMX tile path off (`amx` becomes `avx512`): for products whose bf16
+    /// operands must give the bits of their f32 copies (KV spans read in place).
+    pub fn without_tiles(self) -> Self {
+        Isa {
+            level: self.level.min(IsaLevel::Avx512),
+        }
+    }
+    /// True when bf16 matmuls run on the AMX tile unit.
+    pub fn amx(&self) -> bool {
+        self.level >= IsaLevel::Amx
+    }
     /// AVX-512 level on a CPU that also has AVX512-VBMI (byte permutes): the fp8 GEMV decodes
     /// two rows per register with one `vpermb` (same bits as without).
     pub fn vbmi(&self) -> bool {
@@ -136,6 +162,10 @@ impl Isa {
         match self.level {
             IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
             IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
+            IsaLevel::Amx => format!(
+                "amx (AMX-BF16 tiles for bf16 matmuls at every token count, 16 rows x 16 tokens per tile, activations split exactly into three bf16 parts; everything else as {})",
+                Isa { level: IsaLevel::Avx512 }.describe()
+            ),
             IsaLevel::Avx512 => {
                 if self.vbmi() {
                     "avx512 (AVX-512F/DQ/BW/VL: 16-lane two-token GEMM and small-batch tiles; AVX2 GEMV for one token, fp8 GEMV two rows per register with AVX512-VBMI)".into()

@@ -5,19 +5,24 @@
 //! fixed per-element order, defined in `lanes.rs` and reproduced exactly by the AVX2 kernels in
 //! `simd.rs` (AVX2) and `simd512.rs` (AVX-512, two accumulators per register), so an output
 //! element never depends on the batch size, its position in the batch, the other rows of the
-//! batch, the rayon pool size, how rows are split among threads — or the ISA (`isa.rs`: chosen
-//! at run time, pinned per thread). The portable fallback is bitwise equal to the SIMD paths.
+//! batch, the rayon pool size, how rows are split among threads — or, among portable / avx2 /
+//! avx512, the ISA (`isa.rs`: chosen at run time, pinned per thread). The portable fallback is
+//! bitwise equal to those SIMD paths. The `amx` level's bf16 matmuls keep a fixed order of their
+//! own (batch-invariant on that level; within a stated tolerance of the others).
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
 //! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows), `rows.rs` (borrowed rows in
 //! their storage precision: KV spans read in place),
 //! `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
 //! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
-//! AVX-512), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
+//! AVX-512), `amx.rs` (AMX tile permission, configuration and instructions for the bf16 GEMM's
+//! `amx` level), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
 //! worth the rayon pool).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
 mod aligned;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod bandwidth;
 mod gemm;
 mod isa;

@@ -13,9 +13,13 @@
 //!   buffer between column blocks (a store and reload is exact, so the order is unchanged).
 //!
 //! The portable path computes each element alone through `lanes.rs` and is bitwise equal.
+//! On the `amx` level, bf16 weights whose column count is a multiple of 32 take the AMX tile
+//! path of `amx.rs` at every n instead (its own fixed order; see there).
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
@@ -89,7 +93,8 @@ pub fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n_tokens: usiz
 
 /// `y[n, rows] = x[n, cols] · wᵀ` for borrowed rows `w: [rows, cols]` in their storage
 /// precision, on the calling thread only (for callers that already split their work across the
-/// pool: attention's key spans): the bits of [`matmul_f32`] over the f32 copy of `w`.
+/// pool: attention's key spans): the bits of [`matmul_f32`] over the f32 copy of `w` (so never
+/// the AMX tile path: a span read in place and one read through an f32 copy must agree).
 pub fn matmul_rows_serial(
     w: super::Rows<'_>,
     rows: usize,
@@ -104,7 +109,7 @@ pub fn matmul_rows_serial(
         super::Rows::Bf16(v) => WRef::Bf16(v),
         super::Rows::F16(v) => WRef::F16(v),
     };
-    matmul_in(Isa::current(), wr, rows, cols, x, n_tokens, y, false);
+    matmul_in(Isa::current().without_tiles(), wr, rows, cols, x, n_tokens, y, false);
 }
 
 /// Several independent one-token products `ys[i][..w_i.rows] = w_i · xs[i]` in ONE parallel
@@ -114,6 +119,19 @@ pub fn matmul_rows_serial(
 /// [`matmul`] with n = 1.
 pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     let isa = Isa::current();
+    // The AMX path's packed activations, one buffer per item that takes it.
+    let packs: Vec<AlignedBuf> = items
+        .iter()
+        .map(|(w, x, _)| {
+            let mut b = AlignedBuf::default();
+            #[cfg(target_arch = "x86_64")]
+            if amx::applies(isa, WRef::of(w), w.cols) && x.len() == w.cols {
+                amx::pack_splits(x, w.cols, 1, b.reuse_u16(3 * w.cols));
+            }
+            let _ = (w, x);
+            b
+        })
+        .collect();
     let mut jobs = Vec::with_capacity(items.len());
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new(); // (item, first row, out rows)
     let mut work = 0;
@@ -131,6 +149,8 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             n: 1,
             rb: ROW_BLOCK_GEMV,
             xpack: &[],
+            rows_total: w.rows,
+            bpack: amx_pack(&packs[i], 3 * w.cols),
         });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
@@ -226,10 +246,14 @@ fn matmul_in(
         ROW_BLOCK_GEMM
     };
     let parallel = may_fork && rows > rb && super::worth_parallel(rows * cols * n);
-    // AVX-512 multi-token kernels read the activations packed in token pairs (once per call).
+    // AVX-512 multi-token kernels read the activations packed in token pairs, the AMX path in
+    // three bf16 parts (once per call).
     let mut xbuf = AlignedBuf::default();
+    let mut bbuf = AlignedBuf::default();
     #[cfg(target_arch = "x86_64")]
-    if isa.avx512() && n > 1 {
+    if amx::applies(isa, w, cols) {
+        amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [3, cols / 2, n, 2]
+    } else if isa.avx512() && n > 1 {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
     }
     let xpack = xbuf.as_slice();
@@ -241,6 +265,8 @@ fn matmul_in(
         n,
         rb,
         xpack,
+        rows_total: rows,
+        bpack: amx_pack(&bbuf, 3 * cols * n),
     };
     if n == 1 {
         job.run(y, parallel);
@@ -258,6 +284,16 @@ fn matmul_in(
                 }
             }
         }
+    }
+}
+
+/// The first `len` words of an AMX operand buffer, or empty when the buffer was never filled.
+fn amx_pack(b: &AlignedBuf, len: usize) -> &[u16] {
+    let words = b.as_u16();
+    if words.is_empty() {
+        &[]
+    } else {
+        &words[..len]
     }
 }
 
@@ -282,6 +318,10 @@ struct Job<'a> {
     rb: usize,
     /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), pair_stride]; else empty.
     xpack: &'a [f32],
+    /// Rows of the whole weight matrix (the AMX path prefetches only inside it).
+    rows_total: usize,
+    /// AMX path (bf16 weights): x split in three bf16 parts, [3, cols / 2, n, 2]; else empty.
+    bpack: &'a [u16],
 }
 
 impl Job<'_> {
@@ -343,6 +383,13 @@ impl Job<'_> {
 
     /// As `row_block`, reading weight rows from `wr0` on (differs from r0 only for `deq`).
     fn row_block_at(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        #[cfg(target_arch = "x86_64")]
+        if !self.bpack.is_empty() {
+            // SAFETY: bpack is filled only when amx::applies, i.e. after Isa::amx() (the CPU
+            // has AMX-BF16 and the OS granted the tile state), with bf16 weights.
+            unsafe { self.row_block_amx(wr0, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if self.isa.avx512() && self.n > 1 {
             // SAFETY: Isa::avx512() is true only after the AVX-512 and AVX2 features were detected.
