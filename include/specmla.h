@@ -59,9 +59,10 @@
 #define SPECMLA_KV_FP8_E4M3 4
 
 /**
- * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has;
- * asking for a level the CPU lacks fails engine creation (SPECMLA_ERR_INVALID_ARGUMENT). Every
- * level gives the same bits.
+ * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
+ * excluded: opt-in); asking for a level the CPU lacks fails engine creation
+ * (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
+ * matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them.
  */
 #define SPECMLA_ISA_AUTO 0
 
@@ -70,6 +71,8 @@
 #define SPECMLA_ISA_AVX2 2
 
 #define SPECMLA_ISA_AVX512 3
+
+#define SPECMLA_ISA_AMX 4
 
 /**
  * Draft source kinds for `specmla_draft_source.kind`.

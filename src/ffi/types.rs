@@ -22,13 +22,15 @@ pub const SPECMLA_KV_BF16: u32 = 2;
 pub const SPECMLA_KV_F16: u32 = 3;
 pub const SPECMLA_KV_FP8_E4M3: u32 = 4;
 
-/// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has;
-/// asking for a level the CPU lacks fails engine creation (SPECMLA_ERR_INVALID_ARGUMENT). Every
-/// level gives the same bits.
+/// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
+/// excluded: opt-in); asking for a level the CPU lacks fails engine creation
+/// (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
+/// matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them.
 pub const SPECMLA_ISA_AUTO: u32 = 0;
 pub const SPECMLA_ISA_PORTABLE: u32 = 1;
 pub const SPECMLA_ISA_AVX2: u32 = 2;
 pub const SPECMLA_ISA_AVX512: u32 = 3;
+pub const SPECMLA_ISA_AMX: u32 = 4;
 
 /// Draft source kinds for `specmla_draft_source.kind`.
 /// NONE: speculation off. NGRAM: prompt-lookup drafter. PATH: a model directory (any draft
@@ -447,6 +449,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         SPECMLA_ISA_PORTABLE => Some(IsaLevel::Portable),
         SPECMLA_ISA_AVX2 => Some(IsaLevel::Avx2),
         SPECMLA_ISA_AVX512 => Some(IsaLevel::Avx512),
+        SPECMLA_ISA_AMX => Some(IsaLevel::Amx),
         other => {
             return Err(FfiError::invalid(format!(
                 "isa: unknown SPECMLA_ISA_* value {other}"

@@ -75,7 +75,7 @@ impl TileCfg {
     }
     /// Tile `t` (0..8) holds `rows` (1..=16) rows of `colsb` (4..=64, a multiple of 4) bytes.
     pub(crate) fn set(&mut self, t: usize, rows: usize, colsb: usize) {
-        assert!(t < 8 && (1..=16).contains(&rows) && colsb <= 64 && colsb % 4 == 0 && colsb > 0);
+        assert!(t < 8 && (1..=16).contains(&rows) && colsb <= 64 && colsb.is_multiple_of(4) && colsb > 0);
         let c = (colsb as u16).to_le_bytes();
         self.bytes[16 + 2 * t] = c[0];
         self.bytes[16 + 2 * t + 1] = c[1];

@@ -96,11 +96,14 @@ impl IsaLevel {
 }
 
 impl Isa {
-    /// The best level this CPU has (cheap: the standard library caches CPUID).
+    /// The best level this CPU has that is picked by default (cheap: the standard library
+    /// caches CPUID). `amx` is opt-in (`--isa amx`): measured on an AMX Xeon it speeds up
+    /// prefill but slows the engine's one-token decode (docs/BENCHMARKS.md, "AMX-BF16 tiles").
     pub fn detect() -> Self {
         let level = IsaLevel::ALL
             .into_iter()
             .rev()
+            .filter(|l| *l != IsaLevel::Amx)
             .find(|l| l.supported())
             .unwrap_or(IsaLevel::Portable);
         Isa { level }

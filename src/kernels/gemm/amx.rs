@@ -26,7 +26,7 @@ const N_TILE: usize = 16;
 
 /// Whether a matmul of these weights runs on the AMX path at this ISA.
 pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
-    isa.amx() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols % K_TILE == 0
+    isa.amx() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols.is_multiple_of(K_TILE)
 }
 
 /// Bytes of the packed activations before token tile j (every earlier tile is full).
