@@ -112,11 +112,11 @@ impl Job<'_> {
                 };
                 let pf = a0.add(m * astride);
                 if m1 > 0 {
-                    tiles2(a0, astride, b, bstride, part, ktb, nkt, pf, next);
+                    tiles::<true>(a0, astride, b, bstride, part, ktb, nkt, pf, next);
                     amx::store::<5>(c0, cs);
                     amx::store::<6>(o.add(((i0 + M_TILE) * n + t0) * 4), cs);
                 } else {
-                    tiles1(a0, astride, b, bstride, part, ktb, nkt, pf, next);
+                    tiles::<false>(a0, astride, b, bstride, part, ktb, nkt, pf, next);
                     amx::store::<5>(c0, cs);
                 }
             }
@@ -134,11 +134,11 @@ unsafe fn prefetch_rows(pf: *const u8, astride: usize, rows: usize, off: usize) 
     }
 }
 
-/// tmm5 (rows a..) and tmm6 (rows a + 16 * astride..) = the full k sweep for one token tile;
-/// prefetches `pf_rows` rows from `pf` at the same columns.
+/// The full k sweep of one token tile: tmm5 = rows a.. and, with TWO, tmm6 = rows
+/// a + 16 * astride..; prefetches `pf_rows` rows from `pf` at the same columns.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles2(
+unsafe fn tiles<const TWO: bool>(
     a: *const u8,
     astride: usize,
     b: *const u8,
@@ -150,49 +150,31 @@ unsafe fn tiles2(
     pf_rows: usize,
 ) {
     amx::zero::<5>();
-    amx::zero::<6>();
+    if TWO {
+        amx::zero::<6>();
+    }
     let a1 = a.add(M_TILE * astride);
     for kt in 0..nkt {
         prefetch_rows(pf, astride, pf_rows, kt * 64);
         amx::load::<0>(a.add(kt * 64), astride);
-        amx::load::<1>(a1.add(kt * 64), astride);
+        if TWO {
+            amx::load::<1>(a1.add(kt * 64), astride);
+        }
         let bk = b.add(kt * ktb);
         amx::load::<2>(bk, bstride);
         amx::load::<3>(bk.add(part), bstride);
         amx::load::<4>(bk.add(2 * part), bstride);
         amx::dp::<5, 0, 2>();
-        amx::dp::<6, 1, 2>();
+        if TWO {
+            amx::dp::<6, 1, 2>();
+        }
         amx::dp::<5, 0, 3>();
-        amx::dp::<6, 1, 3>();
+        if TWO {
+            amx::dp::<6, 1, 3>();
+        }
         amx::dp::<5, 0, 4>();
-        amx::dp::<6, 1, 4>();
-    }
-}
-
-/// tmm5 = the full k sweep of one row tile for one token tile (prefetching as [`tiles2`]).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tiles1(
-    a: *const u8,
-    astride: usize,
-    b: *const u8,
-    bstride: usize,
-    part: usize,
-    ktb: usize,
-    nkt: usize,
-    pf: *const u8,
-    pf_rows: usize,
-) {
-    amx::zero::<5>();
-    for kt in 0..nkt {
-        prefetch_rows(pf, astride, pf_rows, kt * 64);
-        amx::load::<0>(a.add(kt * 64), astride);
-        let bk = b.add(kt * ktb);
-        amx::load::<2>(bk, bstride);
-        amx::load::<3>(bk.add(part), bstride);
-        amx::load::<4>(bk.add(2 * part), bstride);
-        amx::dp::<5, 0, 2>();
-        amx::dp::<5, 0, 3>();
-        amx::dp::<5, 0, 4>();
+        if TWO {
+            amx::dp::<6, 1, 4>();
+        }
     }
 }
