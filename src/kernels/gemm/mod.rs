@@ -119,16 +119,17 @@ pub fn matmul_rows_serial(
 /// [`matmul`] with n = 1.
 pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     let isa = Isa::current();
-    // The AMX path's packed activations, one buffer per item that takes it.
+    // Shapes first; then the AMX path's packed activations, one buffer per item that takes it.
     let packs: Vec<AlignedBuf> = items
         .iter()
-        .map(|(w, x, _)| {
+        .map(|(w, x, y)| {
+            assert_eq!(x.len(), w.cols, "matmul_many: x is not [cols]");
+            assert_eq!(y.len(), w.rows, "matmul_many: y is not [rows]");
             let mut b = AlignedBuf::default();
             #[cfg(target_arch = "x86_64")]
-            if amx::applies(isa, WRef::of(w), w.cols) && x.len() == w.cols {
+            if amx::applies(isa, WRef::of(w), w.cols) {
                 amx::pack_splits(x, w.cols, 1, b.reuse_u16(3 * w.cols));
             }
-            let _ = (w, x);
             b
         })
         .collect();
@@ -136,8 +137,6 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     let mut tasks: Vec<(usize, usize, &mut [f32])> = Vec::new(); // (item, first row, out rows)
     let mut work = 0;
     for (i, (w, x, y)) in items.into_iter().enumerate() {
-        assert_eq!(x.len(), w.cols, "matmul_many: x is not [cols]");
-        assert_eq!(y.len(), w.rows, "matmul_many: y is not [rows]");
         let wr = WRef::of(w);
         check_fp8_shape(wr, w.rows, w.cols);
         work += w.rows * w.cols;
@@ -252,7 +251,7 @@ fn matmul_in(
     let mut bbuf = AlignedBuf::default();
     #[cfg(target_arch = "x86_64")]
     if amx::applies(isa, w, cols) {
-        amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [3, cols / 2, n, 2]
+        amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [tiles, 3, cols / 2, tile n, 2]
     } else if isa.avx512() && n > 1 {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
     }
@@ -320,7 +319,8 @@ struct Job<'a> {
     xpack: &'a [f32],
     /// Rows of the whole weight matrix (the AMX path prefetches only inside it).
     rows_total: usize,
-    /// AMX path (bf16 weights): x split in three bf16 parts, [3, cols / 2, n, 2]; else empty.
+    /// AMX path (bf16 weights): x split in three bf16 parts per 16-token tile,
+    /// [tiles, 3, cols / 2, tile tokens, 2] (`amx::pack_splits`); else empty.
     bpack: &'a [u16],
 }
 
