@@ -29,7 +29,11 @@ fn request_tiles() -> bool {
     use std::arch::x86_64::__cpuid_count;
     // Leaf 7 is read only where leaf 0 reports it exists.
     let max_leaf = __cpuid_count(0, 0).eax;
-    let edx7 = if max_leaf >= 7 { __cpuid_count(7, 0).edx } else { 0 };
+    let edx7 = if max_leaf >= 7 {
+        __cpuid_count(7, 0).edx
+    } else {
+        0
+    };
     let amx_tile = edx7 & (1 << 24) != 0;
     let amx_bf16 = edx7 & (1 << 22) != 0;
     if max_leaf < 7 || !amx_tile || !amx_bf16 {
@@ -75,7 +79,13 @@ impl TileCfg {
     }
     /// Tile `t` (0..8) holds `rows` (1..=16) rows of `colsb` (4..=64, a multiple of 4) bytes.
     pub(crate) fn set(&mut self, t: usize, rows: usize, colsb: usize) {
-        assert!(t < 8 && (1..=16).contains(&rows) && colsb <= 64 && colsb.is_multiple_of(4) && colsb > 0);
+        assert!(
+            t < 8
+                && (1..=16).contains(&rows)
+                && colsb <= 64
+                && colsb.is_multiple_of(4)
+                && colsb > 0
+        );
         let c = (colsb as u16).to_le_bytes();
         self.bytes[16 + 2 * t] = c[0];
         self.bytes[16 + 2 * t + 1] = c[1];
@@ -166,7 +176,10 @@ pub(crate) unsafe fn store<const T: u8>(p: *mut u8, stride: usize) {
 pub(crate) unsafe fn dp<const C: u8, const A: u8, const B: u8>() {
     macro_rules! dp {
         ($c:literal, $a:literal, $b:literal) => {
-            asm!(concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+            asm!(
+                concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b),
+                options(nostack, nomem)
+            )
         };
     }
     match (C, A, B) {

@@ -349,11 +349,12 @@ fn isa_levels_parse_and_pin() {
     assert_eq!(IsaLevel::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::portable()));
     assert!(Isa::available().contains(&Isa::detect()));
-    let default_best = Isa::available()
-        .into_iter()
-        .filter(|i| !i.amx())
-        .last();
-    assert_eq!(default_best, Some(Isa::detect()), "amx is opt-in, the rest best-first");
+    let default_best = Isa::available().into_iter().filter(|i| !i.amx()).last();
+    assert_eq!(
+        default_best,
+        Some(Isa::detect()),
+        "amx is opt-in, the rest best-first"
+    );
     assert_eq!(IsaLevel::parse("amx"), Some(Some(IsaLevel::Amx)));
     std::thread::spawn(|| {
         assert_eq!(Isa::current(), Isa::detect());

@@ -86,7 +86,11 @@ impl Job<'_> {
             let b = (self.bpack.as_ptr() as *const u8).add(tile_offset(cols, j));
             for i0 in (0..nrows).step_by(2 * M_TILE) {
                 let m = (nrows - i0).min(2 * M_TILE);
-                let (m0, m1) = if m > M_TILE { (M_TILE, m - M_TILE) } else { (m, 0) };
+                let (m0, m1) = if m > M_TILE {
+                    (M_TILE, m - M_TILE)
+                } else {
+                    (m, 0)
+                };
                 let a0 = d.as_ptr().add((wr0 + i0) * cols) as *const u8;
                 if cfg_of != Some((m0, m1, nt)) {
                     cfg.set(0, m0, 64);
@@ -103,8 +107,8 @@ impl Job<'_> {
                 }
                 let c0 = o.add((i0 * n + t0) * 4);
                 let cs = n * 4; // bytes between output rows ([rows, n])
-                // The first token tile streams the next rows into cache (up to 32 of them,
-                // within this matrix) while its own rows are read.
+                                // The first token tile streams the next rows into cache (up to 32 of them,
+                                // within this matrix) while its own rows are read.
                 let next = if t0 == 0 {
                     (self.rows_total - (wr0 + i0 + m)).min(2 * M_TILE)
                 } else {

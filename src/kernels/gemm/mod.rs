@@ -109,7 +109,16 @@ pub fn matmul_rows_serial(
         super::Rows::Bf16(v) => WRef::Bf16(v),
         super::Rows::F16(v) => WRef::F16(v),
     };
-    matmul_in(Isa::current().without_tiles(), wr, rows, cols, x, n_tokens, y, false);
+    matmul_in(
+        Isa::current().without_tiles(),
+        wr,
+        rows,
+        cols,
+        x,
+        n_tokens,
+        y,
+        false,
+    );
 }
 
 /// Several independent one-token products `ys[i][..w_i.rows] = w_i · xs[i]` in ONE parallel
