@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use specmla::kernels::{
     dot_rows, for_each_row, matmul, matmul_f32, measure_peak_flops, measure_read_bandwidth,
-    pin_thread, Isa, Matrix,
+    pin_thread, set_prefetch_hint, Isa, Matrix, PrefetchHint,
 };
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -103,6 +103,9 @@ fn main() {
     }
     if std::env::args().any(|a| a == "isa") {
         return isa_gemm();
+    }
+    if std::env::args().any(|a| a == "prefetch") {
+        return prefetch_hints();
     }
     let p1 = pool(1);
     let p2 = pool(2);
@@ -315,4 +318,62 @@ fn small_n() {
             );
         }
     }
+}
+
+/// `cargo bench --bench kernels -- prefetch`: the weight prefetch hint (`kernels::PrefetchHint`)
+/// on a decode-step-like walk (a 102400 x 2048 lm_head plus 16 expert-sized 1408 x 2048
+/// matrices, 476 MB of bf16; the fp8 walk the same shapes), 2 threads, the default ISA, at
+/// n = 1 (the GEMV tile), 2 and 9 tokens (the direct tiles), L1 and L2 hints alternated for 7
+/// rounds: median GB/s of weights streamed per hint and their ratio. Outputs are compared bitwise.
+fn prefetch_hints() {
+    let p = pool(2);
+    for fp8 in [false, true] {
+        let mk = |seed, r, c| {
+            if fp8 {
+                fp8_matrix(seed, r, c)
+            } else {
+                bf16_matrix(seed, r, c)
+            }
+        };
+        let mut ws = vec![mk(11, 102400, 2048)];
+        ws.extend((0..16).map(|e| mk(300 + e, 1408, 2048)));
+        let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
+        for n in [1usize, 2, 9] {
+            let x: Vec<f32> = bits(9, n * 2048)
+                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+                .collect(); // [n, 2048]
+            let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0f32; n * w.rows]).collect();
+            let mut rates = [Vec::new(), Vec::new()];
+            let mut outs: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+            for round in 0..8 {
+                for (h, hint) in [PrefetchHint::L1, PrefetchHint::L2].into_iter().enumerate() {
+                    set_prefetch_hint(Some(hint));
+                    let t = Instant::now();
+                    p.install(|| {
+                        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                            matmul(w, black_box(&x), n, y);
+                        }
+                    });
+                    let dt = t.elapsed().as_secs_f64();
+                    if round > 0 {
+                        rates[h].push(bytes as f64 / dt / 1e9);
+                    }
+                    outs[h] = ys.iter().flatten().map(|v| v.to_bits()).collect();
+                }
+            }
+            assert_eq!(outs[0], outs[1], "prefetch hints changed results");
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                v[v.len() / 2]
+            };
+            let (l1, l2) = (med(&mut rates[0]), med(&mut rates[1]));
+            println!(
+                "{} n={n}: L1 hint {l1:5.1} GB/s, L2 hint {l2:5.1} GB/s (median of 7 alternated), L2/L1 {:.2}x",
+                if fp8 { "fp8 " } else { "bf16" },
+                l2 / l1
+            );
+        }
+    }
+    set_prefetch_hint(None);
+    println!("default hint on this CPU: {:?}", PrefetchHint::detect());
 }

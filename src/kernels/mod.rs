@@ -17,7 +17,7 @@
 //! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
 //! AVX-512), `amx.rs` (AMX tile permission, configuration and instructions for the bf16 GEMM's
 //! `amx` level), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
-//! worth the rayon pool).
+//! worth the rayon pool), `prefetch.rs` (which cache level the weight prefetches target).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
 mod aligned;
@@ -29,6 +29,7 @@ mod isa;
 mod lanes;
 pub mod matrix;
 mod par;
+mod prefetch;
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -44,6 +45,7 @@ pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, worth_parallel};
+pub use prefetch::{prefetch_hint, set_prefetch_hint, PrefetchHint};
 pub use rows::Rows;
 pub use vec_ops::{
     axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,

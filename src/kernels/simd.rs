@@ -7,6 +7,8 @@
 
 use std::arch::x86_64::*;
 
+use super::prefetch::{prefetch_line, prefetch_to_l2};
+
 /// A weight element type the kernels can load 8 of as 8 f32 lanes.
 pub(crate) trait WLoad: Copy {
     /// Load 8 consecutive weights at `p` (unaligned) as f32 lanes.
@@ -79,11 +81,12 @@ pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize, const PF: 
 ) {
     let mut a = *acc;
     let line_chunks = (64 / (8 * std::mem::size_of::<T>())).max(1);
+    let l2 = PF && prefetch_to_l2();
     for c in 0..nchunks {
         let off = c * 8;
         if PF && c % line_chunks == 0 {
             for i in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + off) as *const i8);
+                prefetch_line(w.wrapping_add((MR + i) * ws + off) as *const i8, l2);
             }
         }
         let mut xv = [_mm256_setzero_ps(); NR];
@@ -176,11 +179,12 @@ pub(crate) unsafe fn gemv_prefetch<T: WLoad, const MR: usize>(
 ) {
     let line_chunks = (64 / (8 * std::mem::size_of::<T>())).max(1);
     let mut a = [_mm256_setzero_ps(); MR];
+    let l2 = prefetch_to_l2();
     for c in 0..nchunks {
         let off = c * 8;
         if c % line_chunks == 0 {
             for i in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + off) as *const i8);
+                prefetch_line(w.wrapping_add((MR + i) * ws + off) as *const i8, l2);
             }
         }
         let xv = _mm256_loadu_ps(x.add(off));

@@ -13,6 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::aligned::AlignedBuf;
+use super::prefetch::{prefetch_line, prefetch_to_l2};
 use super::simd::hsum8;
 
 /// A weight element type that can be loaded 8 at a time into both 256-bit halves of a zmm.
@@ -106,10 +107,11 @@ pub(crate) unsafe fn tile2<T: WLoad2, const MR: usize, const NP: usize, const PF
 ) {
     let mut a = *acc;
     let line_chunks = (64 / (8 * std::mem::size_of::<T>())).max(1);
+    let l2 = PF && prefetch_to_l2();
     for c in 0..nchunks {
         if PF && c % line_chunks == 0 {
             for i in 0..MR {
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((MR + i) * ws + c * 8) as *const i8);
+                prefetch_line(w.wrapping_add((MR + i) * ws + c * 8) as *const i8, l2);
             }
         }
         let mut xv = [_mm512_setzero_ps(); NP];
@@ -276,6 +278,7 @@ pub(crate) unsafe fn gemv_fp8_vbmi4(
     }
     let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
     let hi_bytes: __mmask64 = 0xAAAA_AAAA_AAAA_AAAA;
+    let l2 = prefetch_to_l2();
     let clear14 = _mm512_set1_epi16(0xBFFFu16 as i16);
     let rows = [w, w.add(ws), w.add(2 * ws), w.add(3 * ws)];
     let mut total = [_mm512_setzero_ps(); 2];
@@ -288,7 +291,7 @@ pub(crate) unsafe fn gemv_fp8_vbmi4(
         while c + 2 <= c1 {
             if c % 8 == 0 {
                 for r in 0..4 {
-                    _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add((4 + r) * ws + c * 8) as *const i8);
+                    prefetch_line(w.wrapping_add((4 + r) * ws + c * 8) as *const i8, l2);
                 }
             }
             let xa = _mm512_broadcast_f32x8(_mm256_loadu_ps(x.add(c * 8)));

@@ -162,6 +162,11 @@ pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
     })
 }
 
+pub fn parse_prefetch(s: &str) -> Result<Option<specmla::kernels::PrefetchHint>> {
+    specmla::kernels::PrefetchHint::parse(s)
+        .ok_or_else(|| Error::InvalidArgument(format!("--prefetch: unknown `{s}` (auto, l1, l2)")))
+}
+
 pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
     let kv_dtype = KvDtype::parse(&a.kv_dtype)?;
     let draft_kv_dtype = if a.draft_kv_dtype == "auto" {

@@ -104,6 +104,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "isa": isa.to_string(),
             "description": isa.describe(),
             "available": specmla::kernels::Isa::available().iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+            "weight_prefetch": specmla::kernels::prefetch_hint().name(),
         },
         "cuda": {
             "driver_loadable": specmla::cuda::device::driver_present(),

@@ -68,6 +68,10 @@ pub struct BenchArgs {
     /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
+    /// Weight prefetch hint of the streaming kernels: auto (L2 on AMD, L1 elsewhere), l1, l2.
+    /// Process-wide; never changes results.
+    #[arg(long, default_value = "auto")]
+    pub prefetch: String,
     /// Worker threads of the engine and of the machine probes.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -363,6 +367,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
+    specmla::kernels::set_prefetch_hint(crate::generate::parse_prefetch(&a.prefetch)?);
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
     let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4 && !a.ttft);
     let mut sections: Vec<Section> = Vec::new();

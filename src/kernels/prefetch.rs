@@ -1,0 +1,188 @@
+//! Where the streaming kernels' software prefetches put the weight rows the next register tile
+//! will read: the L1 (`_MM_HINT_T0`) or only the L2 (`_MM_HINT_T1`).
+//!
+//! Sits under the direct (few-token) GEMV / GEMM tiles of `simd.rs` and `simd512.rs`: each tile
+//! reads the hint once ([`prefetch_to_l2`]) and issues its prefetches through [`prefetch_line`].
+//! The right hint is a property of the core's memory pipeline, not of the ISA level, so it is
+//! chosen once per process from the CPU vendor: AMD (Zen) prefetches into the L2, which measured
+//! 1.3x the streaming rate of L1 prefetches there (docs/BENCHMARKS.md, "Weight prefetch hint");
+//! everything else keeps the L1 hint that measured best on Intel Xeon. [`set_prefetch_hint`]
+//! overrides it (benchmarks compare both in one process).
+//!
+//! Guarantee: a prefetch never changes a result, only when bytes arrive; both hints give the same
+//! bits on every ISA level.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The cache level a weight prefetch targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefetchHint {
+    /// `prefetcht0`: into the L1 (and every level below).
+    L1,
+    /// `prefetcht1`: into the L2 only.
+    L2,
+}
+
+impl PrefetchHint {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefetchHint::L1 => "l1",
+            PrefetchHint::L2 => "l2",
+        }
+    }
+
+    /// `l1` / `l2` / `auto` (the vendor's default: `None`).
+    pub fn parse(s: &str) -> Option<Option<PrefetchHint>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "l1" | "t0" => Some(Some(PrefetchHint::L1)),
+            "l2" | "t1" => Some(Some(PrefetchHint::L2)),
+            "auto" => Some(None),
+            _ => None,
+        }
+    }
+
+    /// The default for this CPU: L2 on AMD, L1 elsewhere.
+    pub fn detect() -> PrefetchHint {
+        if cpu_vendor_is_amd() {
+            PrefetchHint::L2
+        } else {
+            PrefetchHint::L1
+        }
+    }
+}
+
+/// 0: not chosen yet; 1: L1; 2: L2.
+static HINT: AtomicU8 = AtomicU8::new(0);
+
+/// The hint in force (detected on first use unless [`set_prefetch_hint`] chose one).
+pub fn prefetch_hint() -> PrefetchHint {
+    match HINT.load(Ordering::Relaxed) {
+        1 => PrefetchHint::L1,
+        2 => PrefetchHint::L2,
+        _ => {
+            let h = PrefetchHint::detect();
+            set_prefetch_hint(Some(h));
+            h
+        }
+    }
+}
+
+/// Choose the hint for the whole process (`None`: back to the vendor default). Results are the
+/// same either way; only speed changes.
+pub fn set_prefetch_hint(h: Option<PrefetchHint>) {
+    let h = h.unwrap_or_else(PrefetchHint::detect);
+    HINT.store(
+        match h {
+            PrefetchHint::L1 => 1,
+            PrefetchHint::L2 => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// True when the kernels prefetch into the L2 only (read once per tile call).
+#[inline]
+pub(crate) fn prefetch_to_l2() -> bool {
+    prefetch_hint() == PrefetchHint::L2
+}
+
+/// Prefetch the cache line at `p` with the hint chosen by `l2` (`p` need not be valid memory:
+/// a prefetch never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn prefetch_line(p: *const i8, l2: bool) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    if l2 {
+        _mm_prefetch::<_MM_HINT_T1>(p);
+    } else {
+        _mm_prefetch::<_MM_HINT_T0>(p);
+    }
+}
+
+fn cpu_vendor_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 (the vendor string) exists on every x86_64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+        v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+        &v == b"AuthenticAMD" || &v == b"HygonGenuine"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_parse_and_the_vendor_default_is_one_of_them() {
+        assert_eq!(PrefetchHint::parse("l2"), Some(Some(PrefetchHint::L2)));
+        assert_eq!(PrefetchHint::parse("T0"), Some(Some(PrefetchHint::L1)));
+        assert_eq!(PrefetchHint::parse("auto"), Some(None));
+        assert_eq!(PrefetchHint::parse("l3"), None);
+        let d = PrefetchHint::detect();
+        assert_eq!(d == PrefetchHint::L2, cpu_vendor_is_amd());
+    }
+
+    /// Both hints give bitwise the same matmul outputs on every ISA level, for every weight
+    /// storage the streaming tiles read (GEMV n = 1, direct tiles n = 2..9).
+    #[test]
+    fn hints_never_change_results() {
+        use crate::kernels::{matmul, pin_thread, Isa, Matrix};
+        let (rows, cols) = (72, 520);
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let words: Vec<u16> = (0..rows * cols)
+            .map(|_| (next() as u16 & 0x807f) | 0x3f00)
+            .collect();
+        let bytes: Vec<u8> = (0..rows * cols).map(|_| next() as u8 & 0xbf).collect();
+        let mats = [
+            Matrix::from_bf16(rows, cols, words.clone()),
+            Matrix::from_f16(
+                rows,
+                cols,
+                words
+                    .iter()
+                    .map(|w| half::f16::from_f32(f32::from_bits((*w as u32) << 16)))
+                    .collect::<Vec<_>>(),
+            ),
+            Matrix::from_fp8(rows, cols, bytes, vec![0.01; 5], 128, 128),
+        ];
+        let before = prefetch_hint();
+        for isa in Isa::available() {
+            pin_thread(Some(isa));
+            for w in &mats {
+                for n in [1, 2, 3, 9] {
+                    let x: Vec<f32> = (0..n * cols)
+                        .map(|_| (next() >> 40) as f32 / 1e7 - 0.8)
+                        .collect();
+                    let mut out = [vec![0.0f32; n * rows], vec![0.0f32; n * rows]];
+                    for (h, o) in [PrefetchHint::L1, PrefetchHint::L2].iter().zip(&mut out) {
+                        set_prefetch_hint(Some(*h));
+                        matmul(w, &x, n, o);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&out[0]),
+                        bits(&out[1]),
+                        "{isa} {} n={n}",
+                        w.dtype_name()
+                    );
+                }
+            }
+        }
+        pin_thread(None);
+        set_prefetch_hint(Some(before));
+    }
+}
