@@ -60,9 +60,11 @@
 
 /**
  * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
- * excluded: opt-in); asking for a level the CPU lacks fails engine creation
+ * and AVX512BF16 excluded: opt-in); asking for a level the CPU lacks fails engine creation
  * (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
- * matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them.
+ * matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them;
+ * AVX512BF16 (bf16 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
+ * batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output.
  */
 #define SPECMLA_ISA_AUTO 0
 
@@ -73,6 +75,8 @@
 #define SPECMLA_ISA_AVX512 3
 
 #define SPECMLA_ISA_AMX 4
+
+#define SPECMLA_ISA_AVX512BF16 5
 
 /**
  * Draft source kinds for `specmla_draft_source.kind`.

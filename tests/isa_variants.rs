@@ -14,7 +14,12 @@
 //!   token ids and log-probs bitwise equal to plain decoding on the same level;
 //! - across levels: portable, avx2 and avx512 give bitwise the same logits and outputs (they share
 //!   one reduction order, `kernels/lanes.rs`); amx runs bf16 matmuls with exact products in another
-//!   f32 accumulation order, so its logits are held to the golden tolerance of portable's.
+//!   f32 accumulation order, so its logits are held to the golden tolerance of portable's;
+//!   avx512bf16 rounds the activations of bf16 matmuls to bf16 (llama.cpp's contract), so on
+//!   fixtures with bf16 weights its logits are held to a rounding-sized bound instead
+//!   ([`rounded_close`]: median row error <= 2e-2 x max(1, max |logit|), argmax equal on >= 90 %
+//!   of the rows; seen on v3_bf16: 0.04-0.05 against logits up to 7.5, 66 of 67 rows agreeing,
+//!   the other a routing flip) — f32 fixtures never take its path and stay within 1e-4.
 
 mod common;
 
@@ -43,7 +48,24 @@ fn pinned_pool(isa: Isa, threads: usize) -> rayon::ThreadPool {
 
 /// True for the levels that share the portable reduction order bit for bit.
 fn same_order_as_portable(isa: Isa) -> bool {
-    isa.level() != IsaLevel::Amx
+    !isa.level().opt_in()
+}
+
+/// The bound for logits computed with bf16-rounded activations (avx512bf16) against a
+/// reference: median row max-diff <= 2e-2 x max(1, max |logit|), argmax agreeing on >= 90 % of
+/// rows. A wrong kernel (layout, pairing, scale) misses it by orders of magnitude.
+fn rounded_close(label: &str, got: &[f32], reference: &[f32], vocab: usize) {
+    let scale = reference.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let (median, agree) = median_row_error_and_agreement(got, reference, vocab);
+    let rows = reference.len() / vocab;
+    assert!(
+        median <= 2e-2 * scale,
+        "{label}: median row error {median} (scale {scale})"
+    );
+    assert!(
+        agree * 10 >= rows * 9,
+        "{label}: argmax agrees on {agree}/{rows} rows"
+    );
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -90,7 +112,12 @@ fn golden_logits_and_batch_invariance_on_every_isa() {
                     };
                     let got = one.install(|| run_chunked(&model, &mut kv, ids, chunk, mha));
                     let d = max_abs_diff(&got, reference);
-                    assert!(d <= tol(reference), "{name}: prompt {i} max diff {d}");
+                    if isa.bf16_dot() && d > tol(reference) {
+                        let vocab = model.config.vocab_size;
+                        rounded_close(&format!("{name}: prompt {i}"), &got, reference, vocab);
+                    } else {
+                        assert!(d <= tol(reference), "{name}: prompt {i} max diff {d}");
+                    }
                     got
                 })
                 .collect();
@@ -139,10 +166,13 @@ fn golden_logits_and_batch_invariance_on_every_isa() {
                 portable.push(alone);
             } else {
                 for (i, (a, p)) in alone.iter().zip(&portable[f]).enumerate() {
+                    let d = max_abs_diff(a, p);
                     if same_order_as_portable(isa) {
                         assert_eq!(bits(a), bits(p), "{name}: prompt {i} differs from portable");
+                    } else if isa.bf16_dot() && d > tol(p) {
+                        let label = format!("{name}: prompt {i} vs portable");
+                        rounded_close(&label, a, p, model.config.vocab_size);
                     } else {
-                        let d = max_abs_diff(a, p);
                         assert!(d <= tol(p), "{name}: prompt {i} {d} from portable");
                     }
                 }

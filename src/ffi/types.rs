@@ -23,14 +23,17 @@ pub const SPECMLA_KV_F16: u32 = 3;
 pub const SPECMLA_KV_FP8_E4M3: u32 = 4;
 
 /// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
-/// excluded: opt-in); asking for a level the CPU lacks fails engine creation
+/// and AVX512BF16 excluded: opt-in); asking for a level the CPU lacks fails engine creation
 /// (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
-/// matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them.
+/// matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them;
+/// AVX512BF16 (bf16 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
+/// batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output.
 pub const SPECMLA_ISA_AUTO: u32 = 0;
 pub const SPECMLA_ISA_PORTABLE: u32 = 1;
 pub const SPECMLA_ISA_AVX2: u32 = 2;
 pub const SPECMLA_ISA_AVX512: u32 = 3;
 pub const SPECMLA_ISA_AMX: u32 = 4;
+pub const SPECMLA_ISA_AVX512BF16: u32 = 5;
 
 /// Draft source kinds for `specmla_draft_source.kind`.
 /// NONE: speculation off. NGRAM: prompt-lookup drafter. PATH: a model directory (any draft
@@ -450,6 +453,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         SPECMLA_ISA_AVX2 => Some(IsaLevel::Avx2),
         SPECMLA_ISA_AVX512 => Some(IsaLevel::Avx512),
         SPECMLA_ISA_AMX => Some(IsaLevel::Amx),
+        SPECMLA_ISA_AVX512BF16 => Some(IsaLevel::Avx512Bf16),
         other => {
             return Err(FfiError::invalid(format!(
                 "isa: unknown SPECMLA_ISA_* value {other}"

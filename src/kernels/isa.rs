@@ -12,7 +12,10 @@
 //! results are bitwise equal. `amx` runs bf16-weight matmuls on the AMX tile unit
 //! (`gemm/amx.rs`: exact products, a different f32 accumulation order), so its bf16 matmuls
 //! differ from the other levels by f32 rounding (within the tolerance the kernel tests state);
-//! everything else on `amx` is the `avx512` code.
+//! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls on
+//! `vdpbf16ps` with the activations rounded to bf16 (`gemm/bf16dot.rs`: llama.cpp's contract,
+//! a relative error up to ~2^-8 of sum |w x|, also stated by the tests); everything else on it is
+//! the `avx512` code. Both are opt-in (`IsaLevel::opt_in`): `auto` never picks them.
 
 use std::cell::Cell;
 use std::fmt;
@@ -26,6 +29,9 @@ pub enum IsaLevel {
     Avx2,
     /// AVX-512 F/DQ/BW/VL on top of AVX2 + FMA + F16C (512-bit tiles for multi-token matmuls).
     Avx512,
+    /// AVX-512 plus AVX512-BF16: bf16 matmuls by `vdpbf16ps` with the activations rounded to
+    /// bf16 (opt-in: a looser accuracy contract, see `gemm/bf16dot.rs`).
+    Avx512Bf16,
     /// AVX-512 plus AMX-TILE/AMX-BF16 (granted by the OS): bf16 matmuls on the tile unit.
     Amx,
 }
@@ -41,10 +47,11 @@ thread_local! {
 }
 
 impl IsaLevel {
-    pub const ALL: [IsaLevel; 4] = [
+    pub const ALL: [IsaLevel; 5] = [
         IsaLevel::Portable,
         IsaLevel::Avx2,
         IsaLevel::Avx512,
+        IsaLevel::Avx512Bf16,
         IsaLevel::Amx,
     ];
 
@@ -53,6 +60,7 @@ impl IsaLevel {
             IsaLevel::Portable => "portable",
             IsaLevel::Avx2 => "avx2",
             IsaLevel::Avx512 => "avx512",
+            IsaLevel::Avx512Bf16 => "avx512bf16",
             IsaLevel::Amx => "amx",
         }
     }
@@ -63,10 +71,17 @@ impl IsaLevel {
             "portable" | "scalar" => Some(Some(IsaLevel::Portable)),
             "avx2" => Some(Some(IsaLevel::Avx2)),
             "avx512" | "avx-512" => Some(Some(IsaLevel::Avx512)),
+            "avx512bf16" | "avx512-bf16" | "bf16" => Some(Some(IsaLevel::Avx512Bf16)),
             "amx" | "amx-bf16" => Some(Some(IsaLevel::Amx)),
             "auto" | "native" | "best" => Some(None),
             _ => None,
         }
+    }
+
+    /// Levels `auto` never picks: their matmuls round differently from the exact-f32 order the
+    /// other levels share (`amx`: another f32 order; `avx512bf16`: activations rounded to bf16).
+    pub fn opt_in(self) -> bool {
+        matches!(self, IsaLevel::Avx512Bf16 | IsaLevel::Amx)
     }
 
     /// Whether this CPU can run the level.
@@ -88,6 +103,10 @@ impl IsaLevel {
                     && is_x86_feature_detected!("avx512vl")
             }
             #[cfg(target_arch = "x86_64")]
+            IsaLevel::Avx512Bf16 => {
+                IsaLevel::Avx512.supported() && is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(target_arch = "x86_64")]
             IsaLevel::Amx => IsaLevel::Avx512.supported() && super::amx::os_grants_tiles(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -103,7 +122,7 @@ impl Isa {
         let level = IsaLevel::ALL
             .into_iter()
             .rev()
-            .filter(|l| *l != IsaLevel::Amx)
+            .filter(|l| !l.opt_in())
             .find(|l| l.supported())
             .unwrap_or(IsaLevel::Portable);
         Isa { level }
@@ -137,8 +156,9 @@ impl Isa {
     pub fn avx512(&self) -> bool {
         self.level >= IsaLevel::Avx512
     }
-    /// This ISA with the AMX tile path off (`amx` becomes `avx512`): for products whose bf16
-    /// operands must give the bits of their f32 copies (KV spans read in place).
+    /// This ISA with the AMX tile and bf16-dot paths off (`amx` and `avx512bf16` become
+    /// `avx512`): for products whose bf16 operands must give the bits of their f32 copies (KV
+    /// spans read in place).
     pub fn without_tiles(self) -> Self {
         Isa {
             level: self.level.min(IsaLevel::Avx512),
@@ -147,6 +167,10 @@ impl Isa {
     /// True when bf16 matmuls run on the AMX tile unit.
     pub fn amx(&self) -> bool {
         self.level >= IsaLevel::Amx
+    }
+    /// True when bf16 matmuls run on `vdpbf16ps` with bf16-rounded activations.
+    pub fn bf16_dot(&self) -> bool {
+        self.level == IsaLevel::Avx512Bf16
     }
     /// AVX-512 level on a CPU that also has AVX512-VBMI (byte permutes): the fp8 GEMV decodes
     /// two rows per register with one `vpermb` (same bits as without).
@@ -165,6 +189,10 @@ impl Isa {
         match self.level {
             IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
             IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
+            IsaLevel::Avx512Bf16 => format!(
+                "avx512bf16 (AVX512-BF16 vdpbf16ps for bf16 matmuls at every token count, activations rounded to bf16, 4 rows x 6 tokens per register tile; everything else as {})",
+                Isa { level: IsaLevel::Avx512 }.describe()
+            ),
             IsaLevel::Amx => format!(
                 "amx (AMX-BF16 tiles for bf16 matmuls at every token count, 16 rows x 16 tokens per tile, activations split exactly into three bf16 parts; everything else as {})",
                 Isa { level: IsaLevel::Avx512 }.describe()

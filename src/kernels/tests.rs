@@ -293,10 +293,13 @@ fn batch_invariance_bitwise_portable() {
 /// except the `amx` level's bf16 tile path (bf16 weights, columns a multiple of 32): exact
 /// products, another f32 summation order, so there each element is within
 /// `AMX_REL_TOL * sum_k |w_rk * x_tk|` of the portable one (f32 rounding of a 16-bit-exact
-/// product sum: a few ulps of the magnitude; 1e-6 leaves a margin of ~10x).
+/// product sum: a few ulps of the magnitude; 1e-6 leaves a margin of ~10x) — and the
+/// `avx512bf16` level's `vdpbf16ps` path (same weights): the activations are rounded to bf16
+/// (relative error <= 2^-9 each), so each element is within `BF16_DOT_REL_TOL * sum |w * x|`.
 #[test]
 fn simd_and_portable_bitwise_equal() {
     const AMX_REL_TOL: f64 = 1e-6;
+    const BF16_DOT_REL_TOL: f64 = 1.0 / 512.0 + 1e-6;
     let mut rng = Rng(3);
     for kind in KINDS {
         for (rows, cols) in [
@@ -317,7 +320,14 @@ fn simd_and_portable_bitwise_equal() {
                 for isa in Isa::available() {
                     let mut ys = vec![0.0f32; n * rows]; // [n, rows]
                     matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut ys);
-                    let tiles = isa.amx() && matches!(kind, Kind::Bf16) && cols % 32 == 0;
+                    let tiles = (isa.amx() || isa.bf16_dot())
+                        && matches!(kind, Kind::Bf16)
+                        && cols % 32 == 0;
+                    let tol = if isa.bf16_dot() {
+                        BF16_DOT_REL_TOL
+                    } else {
+                        AMX_REL_TOL
+                    };
                     for (i, (a, b)) in ys.iter().zip(&yp).enumerate() {
                         if tiles {
                             let (t, r) = (i / rows, i % rows);
@@ -325,7 +335,7 @@ fn simd_and_portable_bitwise_equal() {
                                 .map(|k| (w_exact(&w, r, k) * x[t * cols + k] as f64).abs())
                                 .sum();
                             assert!(
-                                ((a - b) as f64).abs() <= AMX_REL_TOL * mag,
+                                ((a - b) as f64).abs() <= tol * mag,
                                 "{isa} {kind:?} {rows}x{cols} n={n} at {i}: {a} vs {b} (mag {mag})"
                             );
                         } else {
@@ -349,13 +359,20 @@ fn isa_levels_parse_and_pin() {
     assert_eq!(IsaLevel::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::portable()));
     assert!(Isa::available().contains(&Isa::detect()));
-    let default_best = Isa::available().into_iter().filter(|i| !i.amx()).last();
+    let default_best = Isa::available()
+        .into_iter()
+        .filter(|i| !i.level().opt_in())
+        .last();
     assert_eq!(
         default_best,
         Some(Isa::detect()),
-        "amx is opt-in, the rest best-first"
+        "amx and avx512bf16 are opt-in, the rest best-first"
     );
     assert_eq!(IsaLevel::parse("amx"), Some(Some(IsaLevel::Amx)));
+    assert_eq!(
+        IsaLevel::parse("avx512bf16"),
+        Some(Some(IsaLevel::Avx512Bf16))
+    );
     std::thread::spawn(|| {
         assert_eq!(Isa::current(), Isa::detect());
         crate::kernels::pin_thread(Some(Isa::portable()));

@@ -95,7 +95,8 @@ pub struct GenerateArgs {
     /// V3.2 index-key cache dtype (auto = the target's KV dtype): f32, bf16, f16, fp8_e4m3.
     #[arg(long, default_value = "auto")]
     pub index_kv_dtype: String,
-    /// Kernel instruction set: auto (the best this CPU has), portable, avx2, avx512.
+    /// Kernel instruction set: auto (the best this CPU has, never an opt-in level), portable, avx2,
+    /// avx512; opt-in: avx512bf16 (bf16 matmuls by vdpbf16ps, activations rounded to bf16), amx.
     #[arg(long, default_value = "auto")]
     pub isa: String,
     /// Device of the target's forward: cpu, cuda or cuda:N (the CUDA backend: V2 / V3 targets,
@@ -157,7 +158,7 @@ pub fn draft_source(s: &str) -> DraftSource {
 pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
     specmla::kernels::IsaLevel::parse(s).ok_or_else(|| {
         Error::InvalidArgument(format!(
-            "--isa: unknown `{s}` (auto, portable, avx2, avx512)"
+            "--isa: unknown `{s}` (auto, portable, avx2, avx512, avx512bf16, amx)"
         ))
     })
 }

@@ -16,7 +16,8 @@ use specmla::Result;
 pub struct InfoArgs {
     #[arg(long, default_value = "models/target")]
     pub model: PathBuf,
-    /// Kernel instruction set to report: auto (the best this CPU has), portable, avx2, avx512.
+    /// Kernel instruction set to report: auto (the best this CPU has), portable, avx2, avx512,
+    /// avx512bf16, amx.
     #[arg(long, default_value = "auto")]
     pub isa: String,
 }

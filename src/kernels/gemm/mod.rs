@@ -14,7 +14,8 @@
 //!
 //! The portable path computes each element alone through `lanes.rs` and is bitwise equal.
 //! On the `amx` level, bf16 weights whose column count is a multiple of 32 take the AMX tile
-//! path of `amx.rs` at every n instead (its own fixed order; see there).
+//! path of `amx.rs` at every n instead (its own fixed order; see there); on the `avx512bf16`
+//! level they take the `vdpbf16ps` path of `bf16dot.rs` (bf16-rounded activations; see there).
 
 use rayon::prelude::*;
 
@@ -22,6 +23,8 @@ use rayon::prelude::*;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod bf16dot;
 
 use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};
@@ -140,6 +143,8 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             #[cfg(target_arch = "x86_64")]
             if amx::applies(isa, WRef::of(w), w.cols) {
                 amx::pack_splits(x, w.cols, 1, b.reuse_u16(3 * w.cols));
+            } else if bf16dot::applies(isa, WRef::of(w), w.cols) {
+                bf16dot::pack_bf16(x, b.reuse_u16(w.cols));
             }
             b
         })
@@ -160,7 +165,7 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             rb: ROW_BLOCK_GEMV,
             xpack: &[],
             rows_total: w.rows,
-            bpack: amx_pack(&packs[i], 3 * w.cols),
+            bpack: amx_pack(&packs[i], packed_len(isa, w.cols, 1)),
         });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
@@ -263,6 +268,8 @@ fn matmul_in(
     #[cfg(target_arch = "x86_64")]
     if amx::applies(isa, w, cols) {
         amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [tiles, 3, cols / 2, tile n, 2]
+    } else if bf16dot::applies(isa, w, cols) {
+        bf16dot::pack_bf16(x, bbuf.reuse_u16(cols * n)); // [n, cols] bf16
     } else if isa.avx512() && n > 1 {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
     }
@@ -276,7 +283,7 @@ fn matmul_in(
         rb,
         xpack,
         rows_total: rows,
-        bpack: amx_pack(&bbuf, 3 * cols * n),
+        bpack: amx_pack(&bbuf, packed_len(isa, cols, n)),
     };
     if n == 1 {
         job.run(y, parallel);
@@ -297,7 +304,17 @@ fn matmul_in(
     }
 }
 
-/// The first `len` words of an AMX operand buffer, or empty when the buffer was never filled.
+/// Words of the packed bf16 activations for `n` tokens of `cols` columns: AMX three-way split
+/// or the bf16-dot path's rounded copy (used only when the buffer was filled).
+fn packed_len(isa: Isa, cols: usize, n: usize) -> usize {
+    if isa.amx() {
+        3 * cols * n
+    } else {
+        cols * n
+    }
+}
+
+/// The first `len` words of a packed-activation buffer, or empty when it was never filled.
 fn amx_pack(b: &AlignedBuf, len: usize) -> &[u16] {
     let words = b.as_u16();
     if words.is_empty() {
@@ -331,7 +348,8 @@ struct Job<'a> {
     /// Rows of the whole weight matrix (the AMX path prefetches only inside it).
     rows_total: usize,
     /// AMX path (bf16 weights): x split in three bf16 parts per 16-token tile,
-    /// [tiles, 3, cols / 2, tile tokens, 2] (`amx::pack_splits`); else empty.
+    /// [tiles, 3, cols / 2, tile tokens, 2] (`amx::pack_splits`); bf16-dot path: x rounded to
+    /// bf16, [n, cols] (`bf16dot::pack_bf16`); else empty.
     bpack: &'a [u16],
 }
 
@@ -396,9 +414,15 @@ impl Job<'_> {
     fn row_block_at(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         #[cfg(target_arch = "x86_64")]
         if !self.bpack.is_empty() {
-            // SAFETY: bpack is filled only when amx::applies, i.e. after Isa::amx() (the CPU
-            // has AMX-BF16 and the OS granted the tile state), with bf16 weights.
-            unsafe { self.row_block_amx(wr0, out) };
+            if self.isa.bf16_dot() {
+                // SAFETY: bpack is filled on this level only when bf16dot::applies, i.e. the
+                // CPU has AVX-512 + AVX512-BF16 (IsaLevel::supported), with bf16 weights.
+                unsafe { self.row_block_bf16dot(wr0, out) };
+            } else {
+                // SAFETY: bpack is filled only when amx::applies, i.e. after Isa::amx() (the
+                // CPU has AMX-BF16 and the OS granted the tile state), with bf16 weights.
+                unsafe { self.row_block_amx(wr0, out) };
+            }
             return;
         }
         #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,167 @@
+//! The AVX512-BF16 row-block path of `gemm`: bf16 weights with a multiple of 32 columns, on the
+//! opt-in `avx512bf16` ISA level, for EVERY token count (n = 1 included, so batch invariance
+//! holds on this level: one code path per element whatever n).
+//!
+//! Contract (the one llama.cpp runs on such CPUs, and why the level is opt-in): the activations
+//! are rounded to bf16 (round to nearest even) once per call, so each product w * x is exact in
+//! f32 but x carries a relative error up to 2^-9; a matmul output differs from the exact-f32
+//! levels by at most about 2^-8 x sum |w * x| (the kernel tests state it). In exchange the
+//! `vdpbf16ps` instruction does 32 multiply-adds per 512-bit instruction — twice the f32 FMA —
+//! and the weights are used as stored, with no widening: compute-bound products (prefill,
+//! batched decode, speculative verification) run up to 2x faster.
+//!
+//! Order (fixed per element, independent of n, the token's position, the row split and the
+//! thread): 16 f32 lane accumulators; for each 32-column chunk c in increasing order, lane l
+//! adds the pair (w[32c + 2l] x[32c + 2l], w[32c + 2l + 1] x[32c + 2l + 1]) by one `vdpbf16ps`
+//! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
+//! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block) change only which
+//! elements are computed together.
+
+use std::arch::x86_64::*;
+
+use super::{Job, WRef};
+use crate::kernels::prefetch::{prefetch_line, prefetch_to_l2};
+use crate::kernels::simd::hsum8;
+
+/// bf16 columns per `vdpbf16ps` (one 512-bit register of weights).
+pub(super) const K_CHUNK: usize = 32;
+/// Register tile of the multi-token path: rows x tokens (24 accumulators).
+const MR: usize = 4;
+const NT: usize = 6;
+/// Rows per register tile of the one-token path.
+const MR1: usize = 8;
+/// Tokens per token block: a block's packed activations ([48, cols] bf16) stay in L2 while
+/// the row tiles of a row block sweep them.
+const TOKEN_BLOCK: usize = 48;
+
+/// Whether a matmul of these weights runs on this path at this ISA.
+pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
+    isa.bf16_dot() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols.is_multiple_of(K_CHUNK)
+}
+
+/// The activations x: [n, cols] rounded to bf16 (nearest even) into `out`: [n, cols].
+pub(super) fn pack_bf16(x: &[f32], out: &mut [u16]) {
+    debug_assert_eq!(out.len(), x.len());
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = half::bf16::from_f32(v).to_bits();
+    }
+}
+
+/// The fixed 16-lane tree: lanes l + (l + 8), then `hsum8`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx2,fma")]
+unsafe fn hsum16(v: __m512) -> f32 {
+    let s = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    hsum8(s)
+}
+
+/// One register tile: rows `w + i * ws` (i < R) times tokens `x + j * xs` (j < T), all
+/// `nk` chunks, into `out[i * on + j]`. With `pf_rows` > 0, also prefetches that many rows
+/// from `pf` at the same columns (the next row tile, streamed while this one is read).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile<const R: usize, const T: usize>(
+    w: *const u16,
+    ws: usize,
+    x: *const u16,
+    xs: usize,
+    nk: usize,
+    out: *mut f32,
+    on: usize,
+    pf: *const u16,
+    pf_rows: usize,
+) {
+    let l2 = prefetch_to_l2();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for c in 0..nk {
+        let off = c * K_CHUNK;
+        for r in 0..pf_rows {
+            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
+        }
+        let mut xv = [_mm512_setzero_si512(); T];
+        for (j, v) in xv.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(x.add(j * xs + off) as *const _);
+        }
+        for (i, ai) in acc.iter_mut().enumerate() {
+            let wv: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(w.add(i * ws + off) as *const _));
+            for j in 0..T {
+                ai[j] =
+                    _mm512_dpbf16_ps(ai[j], wv, std::mem::transmute::<__m512i, __m512bh>(xv[j]));
+            }
+        }
+    }
+    for (i, ai) in acc.iter().enumerate() {
+        for (j, v) in ai.iter().enumerate() {
+            *out.add(i * on + j) = hsum16(*v);
+        }
+    }
+}
+
+impl Job<'_> {
+    /// Rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n].
+    ///
+    /// # Safety
+    /// Only after `IsaLevel::Avx512Bf16.supported()`, with `applies(..)` true and `self.bpack`
+    /// the [`pack_bf16`] of `self.x`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+    pub(super) unsafe fn row_block_bf16dot(&self, wr0: usize, out: &mut [f32]) {
+        let WRef::Bf16(d) = self.w else {
+            unreachable!("the bf16-dot path takes bf16 weights")
+        };
+        let (n, cols) = (self.n, self.cols);
+        let nrows = out.len() / n;
+        debug_assert_eq!(self.bpack.len(), cols * n);
+        let nk = cols / K_CHUNK;
+        let x = self.bpack.as_ptr();
+        let o = out.as_mut_ptr();
+        let w0 = d.as_ptr().add(wr0 * cols);
+        // rows of this matrix after row i0 + m of the block (prefetch stays inside the matrix)
+        let left = |i: usize| self.rows_total - (wr0 + i);
+        if n == 1 {
+            let mut i0 = 0;
+            while i0 < nrows {
+                let m = if nrows - i0 >= MR1 { MR1 } else { 1 };
+                let pf_rows = left(i0 + m).min(m);
+                let (w, op) = (w0.add(i0 * cols), o.add(i0));
+                let pf = w.add(m * cols);
+                if m == MR1 {
+                    tile::<MR1, 1>(w, cols, x, cols, nk, op, 1, pf, pf_rows);
+                } else {
+                    tile::<1, 1>(w, cols, x, cols, nk, op, 1, pf, pf_rows);
+                }
+                i0 += m;
+            }
+            return;
+        }
+        for tb0 in (0..n).step_by(TOKEN_BLOCK) {
+            let tb1 = (tb0 + TOKEN_BLOCK).min(n);
+            let mut i0 = 0;
+            while i0 < nrows {
+                let m = if nrows - i0 >= MR { MR } else { 1 };
+                let w = w0.add(i0 * cols);
+                let mut t0 = tb0;
+                while t0 < tb1 {
+                    let nt = NT.min(tb1 - t0);
+                    // the first token tile of the first block streams the next rows in
+                    let pf_rows = if t0 == 0 { left(i0 + m).min(m) } else { 0 };
+                    let pf = w.add(m * cols);
+                    let xp = x.add(t0 * cols);
+                    let op = o.add(i0 * n + t0);
+                    macro_rules! go {
+                        ($($r:literal, $t:literal);*) => {
+                            match (m, nt) {
+                                $(($r, $t) => tile::<$r, $t>(w, cols, xp, cols, nk, op, n, pf, pf_rows),)*
+                                _ => unreachable!("bf16-dot tile {m}x{nt}"),
+                            }
+                        };
+                    }
+                    go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
+                    t0 += nt;
+                }
+                i0 += m;
+            }
+        }
+    }
+}
