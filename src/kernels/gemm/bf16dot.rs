@@ -118,7 +118,7 @@ impl Job<'_> {
         let o = out.as_mut_ptr();
         let w0 = d.as_ptr().add(wr0 * cols);
         // rows of this matrix after row i0 + m of the block (prefetch stays inside the matrix)
-        let left = |i: usize| self.rows_total - (wr0 + i);
+        let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
         if n == 1 {
             let mut i0 = 0;
             while i0 < nrows {
