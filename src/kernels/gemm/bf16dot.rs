@@ -39,11 +39,27 @@ pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> boo
     isa.bf16_dot() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols.is_multiple_of(K_CHUNK)
 }
 
-/// The activations x: [n, cols] rounded to bf16 (nearest even) into `out`: [n, cols].
-pub(super) fn pack_bf16(x: &[f32], out: &mut [u16]) {
-    debug_assert_eq!(out.len(), x.len());
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = half::bf16::from_f32(v).to_bits();
+/// The activations x: [n, cols] rounded to bf16 into `out`: [n, cols], by `vcvtneps2bf16`
+/// (round to nearest even; like `vdpbf16ps` itself it treats f32 subnormals as zero), 16 at a
+/// time — every value of a call goes through the same instruction, tail included (masked).
+///
+/// # Safety
+/// Only where the CPU has AVX512-BF16 (`IsaLevel::Avx512Bf16.supported()`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn pack_bf16(x: &[f32], out: &mut [u16]) {
+    assert_eq!(out.len(), x.len(), "pack_bf16: lengths");
+    let (xp, op) = (x.as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    while i + 16 <= x.len() {
+        let v: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_loadu_ps(xp.add(i))));
+        _mm256_storeu_si256(op.add(i) as *mut __m256i, v);
+        i += 16;
+    }
+    if i < x.len() {
+        let k: __mmask16 = (1u32 << (x.len() - i)) as u16 - 1;
+        let v: __m256i =
+            std::mem::transmute(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, xp.add(i))));
+        _mm256_mask_storeu_epi16(op.add(i) as *mut i16, k, v);
     }
 }
 
@@ -162,6 +178,49 @@ impl Job<'_> {
                 }
                 i0 += m;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::kernels::IsaLevel;
+
+    /// The vector pack rounds like `half::bf16::from_f32` (nearest even) for every normal
+    /// value, ties included, at every tail length.
+    #[test]
+    fn pack_rounds_to_nearest_even_at_every_length() {
+        if !IsaLevel::Avx512Bf16.supported() {
+            eprintln!("no AVX512-BF16 here: nothing to check");
+            return;
+        }
+        let mut s: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut vals: Vec<f32> = (0..200)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                f32::from_bits(((s >> 32) as u32 & 0x807f_ffff) | 0x3c00_0000)
+            })
+            .collect();
+        // exact ties: low halves 0x8000 with even and odd kept bits
+        vals.extend([
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            -1.0,
+            0.0,
+            65504.0,
+        ]);
+        for len in [1, 15, 16, 17, 31, 33, vals.len()] {
+            let x = &vals[..len];
+            let mut got = vec![0u16; len];
+            // SAFETY: AVX512-BF16 checked above.
+            unsafe { super::pack_bf16(x, &mut got) };
+            let want: Vec<u16> = x
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .collect();
+            assert_eq!(got, want, "len {len}");
         }
     }
 }

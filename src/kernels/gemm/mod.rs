@@ -144,7 +144,8 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             if amx::applies(isa, WRef::of(w), w.cols) {
                 amx::pack_splits(x, w.cols, 1, b.reuse_u16(3 * w.cols));
             } else if bf16dot::applies(isa, WRef::of(w), w.cols) {
-                bf16dot::pack_bf16(x, b.reuse_u16(w.cols));
+                // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
+                unsafe { bf16dot::pack_bf16(x, b.reuse_u16(w.cols)) };
             }
             b
         })
@@ -269,7 +270,8 @@ fn matmul_in(
     if amx::applies(isa, w, cols) {
         amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [tiles, 3, cols / 2, tile n, 2]
     } else if bf16dot::applies(isa, w, cols) {
-        bf16dot::pack_bf16(x, bbuf.reuse_u16(cols * n)); // [n, cols] bf16
+        // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
+        unsafe { bf16dot::pack_bf16(x, bbuf.reuse_u16(cols * n)) }; // [n, cols] bf16
     } else if isa.avx512() && n > 1 {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
     }
