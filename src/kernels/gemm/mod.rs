@@ -262,20 +262,69 @@ fn matmul_in(
         ROW_BLOCK_GEMM
     };
     let parallel = may_fork && rows > rb && super::worth_parallel(rows * cols * n);
+    CALL_BUFS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut bufs) => matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, &mut bufs),
+        // A nested call on this thread (a rayon task it ran while an outer call waits for its
+        // row blocks): buffers of its own.
+        Err(_) => {
+            let mut bufs = CallBufs::default();
+            matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, &mut bufs)
+        }
+    });
+}
+
+/// Per-thread buffers of one matmul call (packed activations, the transposed output), kept for
+/// the next call on the thread: a multi-token matmul otherwise allocates and frees them every
+/// call, and large ones come back from the OS as fresh zeroed pages each time (page faults were
+/// ~4 % of a speculative-decode profile). Contents never carry over: each call packs what it
+/// reads and writes every output element.
+#[derive(Default)]
+struct CallBufs {
+    x: AlignedBuf,
+    b: AlignedBuf,
+    yt: Vec<f32>,
+}
+
+thread_local! {
+    static CALL_BUFS: std::cell::RefCell<CallBufs> = std::cell::RefCell::new(CallBufs::default());
+}
+
+/// One call of at most `CALL_TOKEN_CHUNK` tokens with its buffers (see [`matmul_in`]).
+#[allow(clippy::too_many_arguments)]
+fn matmul_call(
+    isa: Isa,
+    w: WRef<'_>,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    rb: usize,
+    parallel: bool,
+    bufs: &mut CallBufs,
+) {
     // AVX-512 multi-token kernels read the activations packed in token pairs, the AMX path in
-    // three bf16 parts (once per call).
-    let mut xbuf = AlignedBuf::default();
-    let mut bbuf = AlignedBuf::default();
+    // three bf16 parts, the bf16-dot path rounded to bf16 (once per call).
+    let mut packed_x = false;
+    let mut packed_b = 0;
     #[cfg(target_arch = "x86_64")]
     if amx::applies(isa, w, cols) {
-        amx::pack_splits(x, cols, n, bbuf.reuse_u16(3 * cols * n)); // [tiles, 3, cols / 2, tile n, 2]
+        packed_b = 3 * cols * n;
+        amx::pack_splits(x, cols, n, bufs.b.reuse_u16(packed_b)); // [tiles, 3, cols / 2, tile n, 2]
     } else if bf16dot::applies(isa, w, cols) {
+        packed_b = cols * n;
         // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
-        unsafe { bf16dot::pack_bf16(x, bbuf.reuse_u16(cols * n)) }; // [n, cols] bf16
+        unsafe { bf16dot::pack_bf16(x, bufs.b.reuse_u16(packed_b)) }; // [n, cols] bf16
     } else if isa.avx512() && n > 1 {
-        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut xbuf); // [pairs, pair_stride]
+        super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut bufs.x); // [pairs, pair_stride]
+        packed_x = true;
     }
-    let xpack = xbuf.as_slice();
+    let xpack = if packed_x { bufs.x.as_slice() } else { &[] };
+    let bpack = if packed_b > 0 {
+        &bufs.b.as_u16()[..packed_b]
+    } else {
+        &[]
+    };
     let job = Job {
         isa,
         w,
@@ -285,14 +334,16 @@ fn matmul_in(
         rb,
         xpack,
         rows_total: rows,
-        bpack: amx_pack(&bbuf, packed_len(isa, cols, n)),
+        bpack,
     };
     if n == 1 {
         job.run(y, parallel);
     } else {
         // The blocks write a transposed buffer, scattered into y afterwards.
-        let mut yt = vec![0.0f32; rows * n]; // [rows, n_tokens]
-        job.run(&mut yt, parallel);
+        let yt = &mut bufs.yt; // [rows, n_tokens]
+        yt.clear();
+        yt.resize(rows * n, 0.0);
+        job.run(yt, parallel);
         // Transpose in bands of 16 rows so the writes into y stay in a few cache lines.
         const BAND: usize = 16;
         for r0 in (0..rows).step_by(BAND) {
