@@ -12,8 +12,8 @@
 mod common;
 
 use common::*;
-use specmla::kv::{KvDtype, SeqKv};
-use specmla::model::{LogitsMode, Model, SeqChunk};
+use specmla::kv::KvDtype;
+use specmla::model::Model;
 
 fn tol(reference: &[f32]) -> f32 {
     1e-4 * reference.iter().fold(1.0f32, |m, x| m.max(x.abs()))
@@ -107,27 +107,8 @@ fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
             })
             .collect();
         for threads in [1, 2, 3] {
-            let mut seqs: Vec<SeqKv> = refs.iter().map(|_| SeqKv::new()).collect();
-            for (s, (ids, _)) in seqs.iter_mut().zip(&refs) {
-                let p = kv.plan_grow(s, ids.len()).unwrap();
-                kv.commit_grow(s, p);
-            }
-            let chunks: Vec<SeqChunk> = seqs
-                .iter()
-                .zip(&refs)
-                .enumerate()
-                .map(|(i, (s, (ids, _)))| SeqChunk {
-                    kv: s,
-                    start: 0,
-                    tokens: ids,
-                    mha_until: if i == 0 { ids.len() } else { 0 },
-                    logits: LogitsMode::All,
-                })
-                .collect();
-            let got = pool(threads)
-                .install(|| model.forward(&mut kv, &chunks))
-                .unwrap();
-            drop(chunks);
+            let prompts: Vec<&[u32]> = refs.iter().map(|(ids, _)| &ids[..]).collect();
+            let got = pool(threads).install(|| ragged_forward(&model, &mut kv, &prompts));
             let mut off = 0;
             for (a, (ids, reference)) in alone.iter().zip(&refs) {
                 let g = &got[off..off + a.len()];
@@ -138,9 +119,6 @@ fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
                 );
                 assert!(max_abs_diff(g, reference) <= tol(reference));
                 off += ids.len() * model.config.vocab_size;
-            }
-            for s in seqs.iter_mut() {
-                kv.free(s);
             }
         }
     }

@@ -26,8 +26,8 @@ mod common;
 use common::*;
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
 use specmla::kernels::{pin_thread, Isa, IsaLevel};
-use specmla::kv::{KvDtype, SeqKv};
-use specmla::model::{LogitsMode, Model, SeqChunk};
+use specmla::kv::KvDtype;
+use specmla::model::Model;
 use specmla::spec::SpecMode;
 
 const START: u32 = 10;
@@ -130,25 +130,8 @@ fn golden_logits_and_batch_invariance_on_every_isa() {
                 "{name}: chunked prefill changed bits"
             );
             // all prompts in one ragged forward on 2 threads: bitwise each prompt alone
-            let mut seqs: Vec<SeqKv> = refs.iter().map(|_| SeqKv::new()).collect();
-            for (s, (ids, _)) in seqs.iter_mut().zip(&refs) {
-                let p = kv.plan_grow(s, ids.len()).unwrap();
-                kv.commit_grow(s, p);
-            }
-            let chunks: Vec<SeqChunk> = seqs
-                .iter()
-                .zip(&refs)
-                .enumerate()
-                .map(|(i, (s, (ids, _)))| SeqChunk {
-                    kv: s,
-                    start: 0,
-                    tokens: ids,
-                    mha_until: if i == 0 { ids.len() } else { 0 },
-                    logits: LogitsMode::All,
-                })
-                .collect();
-            let got = two.install(|| model.forward(&mut kv, &chunks)).unwrap();
-            drop(chunks);
+            let prompts: Vec<&[u32]> = refs.iter().map(|(ids, _)| &ids[..]).collect();
+            let got = two.install(|| ragged_forward(&model, &mut kv, &prompts));
             let mut off = 0;
             for (i, a) in alone.iter().enumerate() {
                 assert_eq!(
@@ -157,9 +140,6 @@ fn golden_logits_and_batch_invariance_on_every_isa() {
                     "{name}: prompt {i} in a ragged batch on 2 threads changed bits"
                 );
                 off += a.len();
-            }
-            for s in seqs.iter_mut() {
-                kv.free(s);
             }
             // across levels
             if isa.level() == IsaLevel::Portable {
@@ -206,6 +186,18 @@ fn assert_bitwise(label: &str, base: &[Output], got: &[Output]) {
             bits(&g.logprobs),
             "{label}: request {i} log-probs differ"
         );
+    }
+}
+
+/// The first level's (portable's) outputs are kept; every later level that shares its order
+/// must give them bitwise (the opt-in levels are checked for losslessness on their own).
+fn against_portable(isa: Isa, portable: &mut Option<Vec<Output>>, base: Vec<Output>) {
+    match portable {
+        None => *portable = Some(base),
+        Some(p) if same_order_as_portable(isa) => {
+            assert_bitwise(&format!("{isa} vs portable"), p, &base)
+        }
+        Some(_) => {}
     }
 }
 
@@ -262,13 +254,7 @@ fn engine_batch_invariance_and_lossless_speculation_on_every_isa() {
                 );
             }
         }
-        match &portable {
-            None => portable = Some(base),
-            Some(p) if same_order_as_portable(isa) => {
-                assert_bitwise(&format!("{isa} vs portable"), p, &base)
-            }
-            Some(_) => {}
-        }
+        against_portable(isa, &mut portable, base);
     }
 }
 
@@ -279,20 +265,7 @@ fn engine_batch_invariance_and_lossless_speculation_on_every_isa() {
 fn bundled_pair_and_mtp_with_budgets_on_every_isa() {
     let target = repo().join("models/target");
     let draft = repo().join("models/draft");
-    let text = std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).unwrap();
-    let prompts: Vec<Vec<u32>> = text
-        .lines()
-        .take(4)
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["prompt_token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect();
+    let prompts = workload_prompt_ids(4);
     let reqs: Vec<Request> = prompts
         .iter()
         .enumerate()
@@ -324,12 +297,6 @@ fn bundled_pair_and_mtp_with_budgets_on_every_isa() {
                 "{isa}: {label} accepted nothing"
             );
         }
-        match &portable {
-            None => portable = Some(base),
-            Some(p) if same_order_as_portable(isa) => {
-                assert_bitwise(&format!("{isa} vs portable"), p, &base)
-            }
-            Some(_) => {}
-        }
+        against_portable(isa, &mut portable, base);
     }
 }

@@ -25,20 +25,7 @@ fn target() -> PathBuf {
 }
 
 fn workload(n: usize) -> Vec<Vec<u32>> {
-    let text =
-        std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("workload");
-    text.lines()
-        .take(n)
-        .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
-            v["prompt_token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
+    common::workload_prompt_ids(n)
 }
 
 fn req(ids: &[u32]) -> Request {

@@ -130,6 +130,53 @@ pub fn run_chunked(
     out
 }
 
+/// The prompt token ids of the first `n` bundled workload prompts (models/workload/prompts.jsonl).
+pub fn workload_prompt_ids(n: usize) -> Vec<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("workload");
+    text.lines()
+        .take(n)
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["prompt_token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// All `prompts` in ONE forward call (a ragged batch; prompt 0 through the decompressed path,
+/// the others through the absorbed one) on the current rayon pool: the logits of every position
+/// of every prompt, prompt after prompt. The sequences are freed afterwards.
+pub fn ragged_forward(model: &Model, kv: &mut KvCache, prompts: &[&[u32]]) -> Vec<f32> {
+    let mut seqs: Vec<SeqKv> = prompts.iter().map(|_| SeqKv::new()).collect();
+    for (s, ids) in seqs.iter_mut().zip(prompts) {
+        let p = kv.plan_grow(s, ids.len()).unwrap();
+        kv.commit_grow(s, p);
+    }
+    let chunks: Vec<SeqChunk> = seqs
+        .iter()
+        .zip(prompts)
+        .enumerate()
+        .map(|(i, (s, ids))| SeqChunk {
+            kv: s,
+            start: 0,
+            tokens: ids,
+            mha_until: if i == 0 { ids.len() } else { 0 },
+            logits: LogitsMode::All,
+        })
+        .collect();
+    let got = model.forward(kv, &chunks).unwrap();
+    drop(chunks);
+    for s in seqs.iter_mut() {
+        kv.free(s);
+    }
+    got
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
