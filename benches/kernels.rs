@@ -93,7 +93,10 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() {
     if std::env::args().any(|a| a == "smalln") {
-        return small_n();
+        return small_n(1536, 1536, 32);
+    }
+    if std::env::args().any(|a| a == "smalln-wide") {
+        return small_n(1536, 6144, 8);
     }
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
@@ -285,12 +288,12 @@ fn l2_probe() {
 }
 
 /// `cargo bench --bench kernels -- smalln`: the verification regime — a walk over 32 distinct
-/// 1536x1536 bf16 matrices (expert-sized, 144 MiB in all, so DRAM-resident) at n = 1..9 tokens,
+/// 1536x1536 bf16 matrices (expert-sized, 144 MiB in all, so DRAM-resident) at n = 1..16 tokens,
 /// per ISA level, 2 threads: time per walk relative to n = 1 (1.0 = the weights are read once
-/// and the extra tokens are free).
-fn small_n() {
-    let (rows, cols) = (1536, 1536);
-    let ws: Vec<Matrix> = (0..32).map(|e| bf16_matrix(200 + e, rows, cols)).collect();
+/// and the extra tokens are free). `smalln-wide`: 8 matrices of 1536x6144 (down projections of
+/// a wide MLP; 144 MiB).
+fn small_n(rows: usize, cols: usize, count: u64) {
+    let ws: Vec<Matrix> = (0..count).map(|e| bf16_matrix(200 + e, rows, cols)).collect();
     let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
     for isa in Isa::available() {
         let p = pool_isa(2, isa);
