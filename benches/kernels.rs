@@ -293,7 +293,9 @@ fn l2_probe() {
 /// and the extra tokens are free). `smalln-wide`: 8 matrices of 1536x6144 (down projections of
 /// a wide MLP; 144 MiB).
 fn small_n(rows: usize, cols: usize, count: u64) {
-    let ws: Vec<Matrix> = (0..count).map(|e| bf16_matrix(200 + e, rows, cols)).collect();
+    let ws: Vec<Matrix> = (0..count)
+        .map(|e| bf16_matrix(200 + e, rows, cols))
+        .collect();
     let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
     for isa in Isa::available() {
         let p = pool_isa(2, isa);

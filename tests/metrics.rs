@@ -222,3 +222,48 @@ fn bad_labels_are_refused() {
     r.label = Some("x".repeat(64));
     assert!(e.submit(r).is_ok());
 }
+
+/// `EngineStats::decode` counts exactly the decode-only steps: one request alone commits its
+/// first token in the prefill step and every later token in a decode step (plain decoding: one
+/// per step; with a draft: the accepted drafts too), and those steps' time and bytes are part of
+/// the totals.
+#[test]
+fn decode_only_step_totals_add_up() {
+    for (draft, k) in [
+        (DraftSource::None, 0),
+        (DraftSource::Dir(golden("v3_bf16")), 4),
+    ] {
+        let e = Engine::new(&golden("v3_yarn"), draft, spec_test_cfg(SpecMode::Fixed(k))).unwrap();
+        let mut r =
+            specmla::engine::Request::new(specmla::engine::Prompt::Tokens(vec![20, 21, 22]));
+        r.sampling.max_tokens = 24;
+        r.sampling.ignore_eos = true;
+        e.submit(r).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut generated = 0u64;
+        while e.has_work() {
+            generated += e
+                .step()
+                .unwrap()
+                .iter()
+                .map(|ev| ev.tokens.len() as u64)
+                .sum::<u64>();
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let st = e.stats();
+        assert_eq!(generated, 24);
+        assert_eq!(st.decode.committed_tokens, generated - 1, "k={k}");
+        assert_eq!(
+            st.decode.steps,
+            st.steps - 1,
+            "k={k}: all but the prefill step"
+        );
+        if k == 0 {
+            assert_eq!(st.decode.steps, generated - 1);
+        } else {
+            assert!(st.decode.steps < generated - 1, "drafts were accepted");
+        }
+        assert!(st.decode.seconds > 0.0 && st.decode.seconds <= wall);
+        assert!(st.decode.weight_bytes > 0 && st.decode.weight_bytes < st.target_weight_bytes);
+    }
+}

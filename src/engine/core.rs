@@ -60,6 +60,9 @@ pub(crate) struct Core {
     pub time_draft_s: f64,
     /// Weight bytes the target forwards needed (dense weights + union of selected experts).
     pub target_weight_bytes: u64,
+    /// The decode-only steps (no prompt chunk in the step): their count, wall time, committed
+    /// tokens and weight bytes — what speculation changes, without the prefill it does not.
+    pub decode: DecodeSteps,
     /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
     pub drafter_alpha: f64,
     /// Engine-wide conditional acceptance of the current drafter per draft position (position
@@ -303,17 +306,24 @@ impl Core {
         self.hand_hidden(&plan, &inputs, &out.hidden);
         let verified = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
         self.roll_back(&plan, &verified);
+        let decode_only = plan.iter().all(|p| p.decode);
         for p in plan.iter().filter(|p| p.decode) {
             self.running[p.idx].suspect = false;
         }
         self.metrics
             .step_latency
             .observe(t_step.elapsed().as_secs_f64());
-        if adaptive && plan.iter().all(|p| p.decode) {
+        if decode_only {
             let drafted = proposals.iter().any(|p| !p.tokens.is_empty());
             let committed: usize = verified.iter().flatten().map(|(a, _)| a + 1).sum();
-            self.guard
-                .observe(drafted, committed, t_step.elapsed().as_secs_f64());
+            let secs = t_step.elapsed().as_secs_f64();
+            self.decode.steps += 1;
+            self.decode.seconds += secs;
+            self.decode.committed_tokens += committed as u64;
+            self.decode.weight_bytes += out.weight_bytes;
+            if adaptive {
+                self.guard.observe(drafted, committed, secs);
+            }
         }
         let events = self.collect_events();
         let gen = self.draft_generation;
@@ -721,6 +731,18 @@ impl Core {
 
 /// Choose k (model drafts) and the certain forced tokens for a decode request; returns
 /// (k_model, certain, saved) where saved = draft positions the budget clipped away.
+/// Totals over the engine's decode-only steps (see `Core::decode`).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DecodeSteps {
+    pub steps: u64,
+    /// Wall seconds of those steps (drafting, verification, commit).
+    pub seconds: f64,
+    /// Tokens they committed (accepted drafts + one per verified request).
+    pub committed_tokens: u64,
+    /// Target weight bytes their forwards needed.
+    pub weight_bytes: u64,
+}
+
 fn choose_drafts(
     spec: SpecMode,
     target: &LinearCost,

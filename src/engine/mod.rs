@@ -30,6 +30,7 @@ use crate::spec::{BudgetConfig, BudgetState, Counters, Proposer, SpecMode};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use self::core::Core;
+pub use core::DecodeSteps;
 use request::ReqState;
 pub use request::{Event, Fault, FaultSite, FinishReason, Prompt, Request};
 pub use swap::{DraftSource, GuardThreshold, SwapGuard, SwapStatus};
@@ -148,6 +149,8 @@ pub struct EngineStats {
     /// Weight bytes the target's forwards needed (every dense matrix once per forward, the
     /// union of the experts its tokens selected, lm_head): the roofline's numerator.
     pub target_weight_bytes: u64,
+    /// Decode-only steps (no prompt chunk): count, wall time, committed tokens, weight bytes.
+    pub decode: core::DecodeSteps,
     #[serde(skip)]
     pub kv: KvStats,
     #[serde(skip)]
@@ -370,6 +373,7 @@ impl Engine {
             time_target_s: 0.0,
             time_draft_s: 0.0,
             target_weight_bytes: 0,
+            decode: Default::default(),
             drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
             pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
             guard: Default::default(),
@@ -631,6 +635,7 @@ impl Engine {
             time_target_forward_s: core.time_target_s,
             time_draft_s: core.time_draft_s,
             target_weight_bytes: core.target_weight_bytes,
+            decode: core.decode,
             target_kv_bytes_per_token: kv.bytes_per_token,
             draft_kv_bytes_per_token: core.proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token()),
             kv,

@@ -7,6 +7,7 @@
 //! Reported per run: committed tokens/s (all generated tokens / wall time, prefill included),
 //! speedup over the plain run, acceptance (accepted / drafted) overall and per draft position,
 //! wall cost per step and counted weight bytes per step relative to plain, the roofline speedup
+//! (end to end, and over decode-only steps: prefill is the same work in both runs)
 //! from the measured acceptance, measured / roofline, draft time per drafted token, answer
 //! accuracy, and whether every request's committed tokens equal the plain run's.
 
@@ -158,6 +159,17 @@ impl Run {
     /// Wall seconds per engine step.
     fn step_cost(&self) -> f64 {
         self.wall_s / self.stats.steps.max(1) as f64
+    }
+    /// Committed tokens per second of the decode-only steps (prefill steps left out: they are
+    /// the same work with and without speculation).
+    fn decode_tps(&self) -> f64 {
+        let d = &self.stats.decode;
+        d.committed_tokens as f64 / d.seconds.max(1e-12)
+    }
+    /// Target weight bytes per decode-only step.
+    fn decode_step_bytes(&self) -> f64 {
+        let d = &self.stats.decode;
+        d.weight_bytes as f64 / d.steps.max(1) as f64
     }
 }
 
@@ -497,6 +509,17 @@ fn run_target(
                         (verify_bytes + draft_steps * d.step_bytes) / plain_step_bytes.max(1.0);
                     let roof = expected_tokens(acc, k_eff.round() as usize) / bytes_ratio.max(1e-9);
                     let cost = spec.step_cost() / plain.step_cost();
+                    // The same over decode-only steps: measured committed tokens/s of those
+                    // steps vs plain's, and the roofline from their bytes (drafts happen only
+                    // there). Prefill is identical work in both runs and bytes-blind (a prompt
+                    // chunk is compute-bound), so the end-to-end ratio above mixes it in.
+                    let dsteps = spec.stats.decode.steps.max(1) as f64;
+                    let dec_speedup = spec.decode_tps() / plain.decode_tps();
+                    let dec_bytes_ratio = (spec.decode_step_bytes()
+                        + spec.stats.totals.drafted_tokens as f64 / dsteps * d.step_bytes)
+                        / plain.decode_step_bytes().max(1.0);
+                    let dec_roof =
+                        expected_tokens(acc, k_eff.round() as usize) / dec_bytes_ratio.max(1e-9);
                     // What this acceptance would give on a 61-layer DeepSeek-V3 with its one MTP
                     // layer (a draft step = 1/61 of a target step, a verification reading what
                     // one step reads): E(a, k) / (1 + k / 61).
@@ -530,6 +553,9 @@ fn run_target(
                         format!("{bytes_ratio:.2}"),
                         format!("{roof:.2}x"),
                         format!("{:.2}", speedup / roof),
+                        format!("{dec_speedup:.2}x"),
+                        format!("{dec_roof:.2}x"),
+                        format!("{:.2}", dec_speedup / dec_roof),
                         format!("{draft_ms_tok:.2}/{target_ms:.2}"),
                         if identical { "yes".into() } else { "NO".into() },
                         match paired_median {
@@ -548,6 +574,9 @@ fn run_target(
                         "identical": identical, "cost_ratio_step_over_plain": cost,
                         "bytes_ratio_step_over_plain": bytes_ratio, "roofline_speedup": roof,
                         "measured_over_roofline": speedup / roof,
+                        "decode_speedup": dec_speedup, "decode_roofline_speedup": dec_roof,
+                        "decode_measured_over_roofline": dec_speedup / dec_roof,
+                        "decode_bytes_ratio_step_over_plain": dec_bytes_ratio,
                         "roofline_61_layer_target": roof61,
                         "plain_step_weight_bytes": plain_step_bytes, "spec_step_verify_weight_bytes": verify_bytes,
                         "draft_step_weight_bytes": d.step_bytes, "draft_ms_per_token": draft_ms_tok,
@@ -585,6 +614,9 @@ fn run_target(
             "bytes/step",
             "roofline",
             "meas/roof",
+            "decode speedup",
+            "decode roofline",
+            "dec meas/roof",
             "draft ms/tok / step ms",
             "identical",
             "paired speedup",
@@ -599,7 +631,7 @@ fn run_target(
         "greedy outputs identical to plain decoding in every run: {}\n",
         if all_identical { "YES" } else { "NO" }
     );
-    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), a = measured acceptance,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n";
+    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), a = measured acceptance,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out).\n";
     if a.paired > 0 {
         text += &format!(
             "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
