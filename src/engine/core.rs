@@ -729,8 +729,6 @@ impl Core {
     }
 }
 
-/// Choose k (model drafts) and the certain forced tokens for a decode request; returns
-/// (k_model, certain, saved) where saved = draft positions the budget clipped away.
 /// Totals over the engine's decode-only steps (see `Core::decode`).
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct DecodeSteps {
@@ -743,6 +741,8 @@ pub struct DecodeSteps {
     pub weight_bytes: u64,
 }
 
+/// Choose k (model drafts) and the certain forced tokens for a decode request; returns
+/// (k_model, certain, saved) where saved = draft positions the budget clipped away.
 fn choose_drafts(
     spec: SpecMode,
     target: &LinearCost,

@@ -14,7 +14,7 @@
 //! differ from the other levels by f32 rounding (within the tolerance the kernel tests state);
 //! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls on
 //! `vdpbf16ps` with the activations rounded to bf16 (`gemm/bf16dot.rs`: llama.cpp's contract,
-//! a relative error up to ~2^-8 of sum |w x|, also stated by the tests); everything else on it is
+//! an error up to 2^-9 of sum |w x| per output, also stated by the tests); everything else on it is
 //! the `avx512` code. Both are opt-in (`IsaLevel::opt_in`): `auto` never picks them.
 
 use std::cell::Cell;

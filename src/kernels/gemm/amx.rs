@@ -106,9 +106,10 @@ impl Job<'_> {
                     cfg_of = Some((m0, m1, nt));
                 }
                 let c0 = o.add((i0 * n + t0) * 4);
-                let cs = n * 4; // bytes between output rows ([rows, n])
-                                // The first token tile streams the next rows into cache (up to 32 of them,
-                                // within this matrix) while its own rows are read.
+                // bytes between output rows ([rows, n])
+                let cs = n * 4;
+                // The first token tile streams the next rows into cache (up to 32 of them,
+                // within this matrix) while its own rows are read.
                 let next = if t0 == 0 {
                     (self.rows_total - (wr0 + i0 + m)).min(2 * M_TILE)
                 } else {

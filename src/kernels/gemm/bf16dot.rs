@@ -5,7 +5,7 @@
 //! Contract (the one llama.cpp runs on such CPUs, and why the level is opt-in): the activations
 //! are rounded to bf16 (round to nearest even) once per call, so each product w * x is exact in
 //! f32 but x carries a relative error up to 2^-9; a matmul output differs from the exact-f32
-//! levels by at most about 2^-8 x sum |w * x| (the kernel tests state it). In exchange the
+//! levels by at most 2^-9 x sum |w * x| plus f32 rounding (the kernel tests state it). In exchange the
 //! `vdpbf16ps` instruction does 32 multiply-adds per 512-bit instruction — twice the f32 FMA —
 //! and the weights are used as stored, with no widening: compute-bound products (prefill,
 //! batched decode, speculative verification) run up to 2x faster.

@@ -133,21 +133,16 @@ pub fn matmul_rows_serial(
 /// [`matmul`] with n = 1.
 pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     let isa = Isa::current();
-    // Shapes first; then the AMX path's packed activations, one buffer per item that takes it.
-    let packs: Vec<AlignedBuf> = items
+    // Shapes first; then the bf16 operands of the AMX / bf16-dot paths, one buffer per item
+    // that takes one (with its packed length).
+    let packs: Vec<(AlignedBuf, usize)> = items
         .iter()
         .map(|(w, x, y)| {
             assert_eq!(x.len(), w.cols, "matmul_many: x is not [cols]");
             assert_eq!(y.len(), w.rows, "matmul_many: y is not [rows]");
             let mut b = AlignedBuf::default();
-            #[cfg(target_arch = "x86_64")]
-            if amx::applies(isa, WRef::of(w), w.cols) {
-                amx::pack_splits(x, w.cols, 1, b.reuse_u16(3 * w.cols));
-            } else if bf16dot::applies(isa, WRef::of(w), w.cols) {
-                // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
-                unsafe { bf16dot::pack_bf16(x, b.reuse_u16(w.cols)) };
-            }
-            b
+            let len = pack_bf16_operand(isa, WRef::of(w), w.cols, x, 1, &mut b);
+            (b, len)
         })
         .collect();
     let mut jobs = Vec::with_capacity(items.len());
@@ -166,7 +161,7 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             rb: ROW_BLOCK_GEMV,
             xpack: &[],
             rows_total: w.rows,
-            bpack: amx_pack(&packs[i], packed_len(isa, w.cols, 1)),
+            bpack: &packs[i].0.as_u16()[..packs[i].1],
         });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
@@ -303,28 +298,15 @@ fn matmul_call(
     parallel: bool,
     bufs: &mut CallBufs,
 ) {
-    // AVX-512 multi-token kernels read the activations packed in token pairs, the AMX path in
-    // three bf16 parts, the bf16-dot path rounded to bf16 (once per call).
-    let mut packed_x = false;
-    let mut packed_b = 0;
-    #[cfg(target_arch = "x86_64")]
-    if amx::applies(isa, w, cols) {
-        packed_b = 3 * cols * n;
-        amx::pack_splits(x, cols, n, bufs.b.reuse_u16(packed_b)); // [tiles, 3, cols / 2, tile n, 2]
-    } else if bf16dot::applies(isa, w, cols) {
-        packed_b = cols * n;
-        // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
-        unsafe { bf16dot::pack_bf16(x, bufs.b.reuse_u16(packed_b)) }; // [n, cols] bf16
-    } else if isa.avx512() && n > 1 {
+    // Once per call: the AMX / bf16-dot paths read bf16 operands, the other AVX-512
+    // multi-token kernels the activations packed in token pairs.
+    let packed_b = pack_bf16_operand(isa, w, cols, x, n, &mut bufs.b);
+    let packed_x = packed_b == 0 && isa.avx512() && n > 1;
+    if packed_x {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut bufs.x); // [pairs, pair_stride]
-        packed_x = true;
     }
     let xpack = if packed_x { bufs.x.as_slice() } else { &[] };
-    let bpack = if packed_b > 0 {
-        &bufs.b.as_u16()[..packed_b]
-    } else {
-        &[]
-    };
+    let bpack = &bufs.b.as_u16()[..packed_b];
     let job = Job {
         isa,
         w,
@@ -357,24 +339,29 @@ fn matmul_call(
     }
 }
 
-/// Words of the packed bf16 activations for `n` tokens of `cols` columns: AMX three-way split
-/// or the bf16-dot path's rounded copy (used only when the buffer was filled).
-fn packed_len(isa: Isa, cols: usize, n: usize) -> usize {
-    if isa.amx() {
-        3 * cols * n
-    } else {
-        cols * n
+/// The bf16 operand of the AMX or bf16-dot path for x: [n, cols] into `buf` when one of them
+/// takes these weights at this ISA — AMX: the exact three-way split per 16-token tile
+/// ([tiles, 3, cols / 2, tile n, 2]); bf16-dot: x rounded to bf16 ([n, cols]) — and its length
+/// in words; 0 (nothing written) otherwise.
+fn pack_bf16_operand(
+    isa: Isa,
+    w: WRef<'_>,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    buf: &mut AlignedBuf,
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if amx::applies(isa, w, cols) {
+        amx::pack_splits(x, cols, n, buf.reuse_u16(3 * cols * n));
+        return 3 * cols * n;
+    } else if bf16dot::applies(isa, w, cols) {
+        // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
+        unsafe { bf16dot::pack_bf16(x, buf.reuse_u16(cols * n)) };
+        return cols * n;
     }
-}
-
-/// The first `len` words of a packed-activation buffer, or empty when it was never filled.
-fn amx_pack(b: &AlignedBuf, len: usize) -> &[u16] {
-    let words = b.as_u16();
-    if words.is_empty() {
-        &[]
-    } else {
-        &words[..len]
-    }
+    let _ = (isa, w, cols, x, n, buf); // used only by the x86_64 paths above
+    0
 }
 
 /// Per-task scratch buffers (reused across the blocks one rayon split processes).
