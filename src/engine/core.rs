@@ -103,6 +103,10 @@ impl Core {
         self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
         self.draft_cost = Default::default();
         self.guard = Default::default();
+        // the new drafter has seen none of the running requests: its first round catches up
+        for r in self.running.iter_mut() {
+            r.drafted_last = false;
+        }
     }
 
     /// Preempt running[idx]: free its KV (target and draft), keep its committed tokens, requeue at
@@ -116,6 +120,7 @@ impl Core {
         }
         r.counters.preemptions += 1;
         r.prefix_registered = false;
+        r.drafted_last = false;
         self.waiting.push_front(r);
     }
 
@@ -300,7 +305,16 @@ impl Core {
         }
         let ids = plan.iter().map(|p| self.running[p.idx].id);
         self.step_ids.extend(ids);
-        let mut proposals = self.propose(&plan)?;
+        // Steady drafting: every request asking for drafts drafted in its previous step, so the
+        // drafter catches up only on what that verification committed (`spec::guard`).
+        let steady = plan
+            .iter()
+            .filter(|p| p.decode && p.k_model > 0)
+            .all(|p| self.running[p.idx].drafted_last);
+        let mut proposals = self.propose(&plan, steady)?;
+        for (p, prop) in plan.iter().zip(&proposals) {
+            self.running[p.idx].drafted_last = p.decode && !prop.tokens.is_empty();
+        }
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
         self.hand_hidden(&plan, &inputs, &out.hidden);
@@ -322,7 +336,7 @@ impl Core {
             self.decode.committed_tokens += committed as u64;
             self.decode.weight_bytes += out.weight_bytes;
             if adaptive {
-                self.guard.observe(drafted, committed, secs);
+                self.guard.observe(drafted, steady, committed, secs);
             }
         }
         let events = self.collect_events();
@@ -335,8 +349,9 @@ impl Core {
     }
 
     /// Propose: the drafter drafts for every decode request that asked for drafts (one call for
-    /// all of them); timing feeds the adaptive policy's draft cost.
-    fn propose(&mut self, plan: &[Planned]) -> Result<Vec<Proposal>> {
+    /// all of them); timing feeds the adaptive policy's draft cost when the round is `steady`
+    /// (no request catches up on a prompt or on plain steps: that is a cost of not drafting).
+    fn propose(&mut self, plan: &[Planned], steady: bool) -> Result<Vec<Proposal>> {
         let mut proposals: Vec<Proposal> = plan.iter().map(|_| Proposal::default()).collect();
         let asks: Vec<usize> = (0..plan.len())
             .filter(|&j| plan[j].decode && plan[j].k_model > 0)
@@ -394,7 +409,7 @@ impl Core {
                 .unwrap_or(1)
                 .max(1);
             let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
-            if toks > 0 {
+            if toks > 0 && steady {
                 // a round that only caught up (bounded catch-up) says nothing of drafting cost
                 self.draft_cost.observe(toks / kmax, secs / kmax as f64);
             }

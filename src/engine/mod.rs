@@ -509,6 +509,7 @@ impl Engine {
             want_logprobs: req.logprobs,
             alpha: 0.7,
             alpha_obs: 0,
+            drafted_last: false,
             prefix_registered: false,
             event: Event::default(),
             finished: None,

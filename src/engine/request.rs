@@ -146,6 +146,10 @@ pub(crate) struct ReqState {
     /// Verifications that updated `alpha` (until a few, the drafter's engine-wide estimate is
     /// used instead: a new request starts from what the drafter has shown, not a fixed prior).
     pub alpha_obs: u32,
+    /// Whether the request's previous step was a decode step that drafted: a drafting round after
+    /// one is in the drafter's steady state (it catches up only on what that verification
+    /// committed), the only kind the adaptive policy and guard time (`engine::core`).
+    pub drafted_last: bool,
     /// Prompt blocks already published to the prefix cache.
     pub prefix_registered: bool,
     /// Event being built this step.

@@ -2,7 +2,15 @@
 //! measures. It keeps the committed tokens per second of decode-only engine steps that drafted
 //! and of those that did not (exponential averages), switches drafting off while drafting
 //! measures slower than not drafting (by more than 3 %), and keeps both rates fresh with probe
-//! steps of the other kind (1 in 16). A new drafter (swap) starts a fresh guard.
+//! steps of the other kind (1 in 16; a drafting probe is two steps, see below). A new drafter
+//! (swap) starts a fresh guard.
+//!
+//! Only steady drafting steps are timed: a drafting step right after a step in which a request
+//! did not draft (its first decode step, or a plain step) also makes the drafter catch up on
+//! every position it skipped (an MTP layer or draft model runs over the prompt, or over the
+//! plain steps' tokens) — a cost of having decoded plainly, not of drafting, and timing it made
+//! drafting look dearer than it is, so that once off it stayed off. Such a step is not timed,
+//! and a probe while drafting is off is two drafting steps, the second one timed.
 //!
 //! Where it sits: the engine's step asks it, once per step in adaptive mode, whether this step
 //! may draft (`StepKind`), and feeds it the step's outcome. It never touches verification, so
@@ -65,7 +73,8 @@ impl SpecGuard {
             return StepKind::Free;
         }
         if self.drafting_loses() {
-            if probe {
+            // two drafting steps in a row: the first catches up, the second is timed
+            if probe || self.steps % PROBE_EVERY == 1 {
                 StepKind::Free
             } else {
                 StepKind::Plain
@@ -84,9 +93,11 @@ impl SpecGuard {
             && self.drafting.value < KEEP_RATIO * self.plain.value
     }
 
-    /// A decode-only step committed `tokens` in `secs`; `drafted` whether any request drafted.
-    pub fn observe(&mut self, drafted: bool, tokens: usize, secs: f64) {
-        if secs <= 0.0 || tokens == 0 {
+    /// A decode-only step committed `tokens` in `secs`; `drafted` whether any request drafted,
+    /// `steady` whether every request that drafted had drafted in its previous step too (only
+    /// steady drafting steps are timed: see the module doc).
+    pub fn observe(&mut self, drafted: bool, steady: bool, tokens: usize, secs: f64) {
+        if secs <= 0.0 || tokens == 0 || (drafted && !steady) {
             return;
         }
         let r = tokens as f64 / secs;
@@ -103,11 +114,30 @@ mod tests {
     use super::*;
 
     fn run(g: &mut SpecGuard, steps: usize, spec_rate: f64, plain_rate: f64) -> usize {
+        run_with_catch_up(g, steps, spec_rate, plain_rate, 1.0)
+    }
+
+    /// A drafting step after a plain one takes `catch_up` times as long (the drafter catches up
+    /// on the skipped positions); its `steady` flag says so.
+    fn run_with_catch_up(
+        g: &mut SpecGuard,
+        steps: usize,
+        spec_rate: f64,
+        plain_rate: f64,
+        catch_up: f64,
+    ) -> usize {
         let mut drafted_steps = 0;
+        let mut last = true;
         for _ in 0..steps {
             let d = g.next_step() == StepKind::Free;
             drafted_steps += usize::from(d);
-            g.observe(d, 1, 1.0 / if d { spec_rate } else { plain_rate });
+            let secs = if d {
+                (if last { 1.0 } else { catch_up }) / spec_rate
+            } else {
+                1.0 / plain_rate
+            };
+            g.observe(d, last, 1, secs);
+            last = d;
         }
         drafted_steps
     }
@@ -132,5 +162,20 @@ mod tests {
         assert!(g.drafting_loses());
         run(&mut g, 400, 150.0, 100.0);
         assert!(!g.drafting_loses());
+    }
+
+    /// Catch-up after plain steps is not charged to drafting: a drafter 10 % faster than plain
+    /// whose first step after a plain one costs 4x is kept on, and one switched off (it lost
+    /// for a while) is switched on again by the two-step probes once it wins.
+    #[test]
+    fn catch_up_is_not_charged_to_drafting() {
+        let mut g = SpecGuard::default();
+        let d = run_with_catch_up(&mut g, 400, 110.0, 100.0, 4.0);
+        assert!(!g.drafting_loses());
+        assert!(d > 300, "drafted in {d} of 400 steps");
+        run_with_catch_up(&mut g, 200, 50.0, 100.0, 4.0);
+        assert!(g.drafting_loses());
+        run_with_catch_up(&mut g, 400, 110.0, 100.0, 4.0);
+        assert!(!g.drafting_loses(), "the probes saw drafting win again");
     }
 }
