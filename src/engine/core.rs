@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
-use crate::spec::policy::{choose_k_at, LinearCost};
+use crate::spec::policy::{catch_up_pays, choose_k_rates, LinearCost};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
@@ -54,6 +54,9 @@ pub(crate) struct Core {
     pub draft_generation: u64,
     pub target_cost: LinearCost,
     pub draft_cost: LinearCost,
+    /// Measured drafter catch-up seconds per position (rounds in which requests started
+    /// drafting after a lag): what starting a request costs the adaptive policy.
+    pub catch_up_s_per_row: Option<f64>,
     pub eos: Vec<u32>,
     pub steps: u64,
     pub time_target_s: f64,
@@ -102,10 +105,11 @@ impl Core {
         self.drafter_alpha = DRAFTER_ALPHA_PRIOR;
         self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
         self.draft_cost = Default::default();
+        self.catch_up_s_per_row = None;
         self.guard = Default::default();
         // the new drafter has seen none of the running requests: its first round catches up
         for r in self.running.iter_mut() {
-            r.drafted_last = false;
+            r.drafted_at = None;
         }
     }
 
@@ -120,7 +124,7 @@ impl Core {
         }
         r.counters.preemptions += 1;
         r.prefix_registered = false;
-        r.drafted_last = false;
+        r.drafted_at = None;
         self.waiting.push_front(r);
     }
 
@@ -147,6 +151,23 @@ impl Core {
         }
     }
 
+    /// Whether the adaptive policy has both cost fits (target step; draft step for a drafter
+    /// with a model). Before that it explores with one request (see `schedule`).
+    fn policy_informed(&self) -> bool {
+        self.target_cost.fit().is_some()
+            && (self.draft_cost.fit().is_some()
+                || !self.proposer.as_ref().is_some_and(|p| p.has_model()))
+    }
+
+    /// The largest drafter lag of a steady drafting round: one verification's tokens (k + 1)
+    /// and one plain step's.
+    fn steady_lag(&self) -> usize {
+        let k_max = match self.cfg.spec {
+            SpecMode::Adaptive { k_max } | SpecMode::Fixed(k_max) => k_max,
+        };
+        k_max + 2
+    }
+
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
     /// `kind` Plain: nobody drafts this step (the adaptive guard's decision).
     fn schedule(&mut self, kind: StepKind) -> Vec<Planned> {
@@ -161,6 +182,21 @@ impl Core {
             .max(1);
         // After a contained panic: one suspect at a time, alone (`engine::contain`).
         let isolating = self.isolating();
+        // An uninformed adaptive policy explores with one request only: exploring is k_max
+        // drafts, and a drafter's first round for a request catches up on its whole context
+        // (an MTP layer or draft model over the prompt), which at batch 16 cost ~9 plain steps
+        // when every request explored at once.
+        // Likewise, while the catch-up cost per position is unmeasured, one request per step
+        // may start drafting from a long lag; after that the policy only starts one whose
+        // catch-up its predicted saving pays back (`policy::catch_up_pays`).
+        let adaptive = matches!(self.cfg.spec, SpecMode::Adaptive { .. });
+        let modelled = self.proposer.as_ref().is_some_and(|p| p.has_model());
+        let mut explorers = if adaptive && !self.policy_informed() {
+            1
+        } else {
+            usize::MAX
+        };
+        let mut blind_starts = 1usize;
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 || (isolating && !plan.is_empty()) {
@@ -172,21 +208,42 @@ impl Core {
             }
             let pending = self.running[i].pending();
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
-                let spec_on =
-                    self.proposer.is_some() && self.running[i].speculate && kind == StepKind::Free;
+                let r = &self.running[i];
+                let lag = r.drafter_lag();
+                // the drafter must first catch up on more than one verification's tokens
+                let starting = adaptive && modelled && lag > self.steady_lag();
+                let blind = starting && self.catch_up_s_per_row.is_none();
+                let spec_on = self.proposer.is_some()
+                    && r.speculate
+                    && kind == StepKind::Free
+                    && explorers > 0
+                    && (!blind || blind_starts > 0);
                 let (k, c, s) = if spec_on {
+                    let catch_up = match self.catch_up_s_per_row {
+                        Some(per_row) if starting => Some((lag, per_row)),
+                        _ => None,
+                    };
                     choose_drafts(
                         self.cfg.spec,
                         &self.target_cost,
                         &self.draft_cost,
-                        &self.running[i],
+                        r,
                         n_decode,
                         self.drafter_alpha,
                         &self.pos_alpha,
+                        catch_up,
                     )
                 } else {
                     (0, Vec::new(), 0)
                 };
+                if k + c.len() > 0 {
+                    if explorers != usize::MAX {
+                        explorers -= 1;
+                    }
+                    if blind {
+                        blind_starts -= 1;
+                    }
+                }
                 (1, true, k, c, s)
             } else {
                 (pending.min(budget), false, 0, Vec::new(), 0)
@@ -295,6 +352,9 @@ impl Core {
         } else {
             StepKind::Free
         };
+        // Until both cost models have a fit the policy explores; the guard judges its informed
+        // choices only.
+        let informed = self.policy_informed();
         self.present_ids.clear();
         let ids = self.running.iter().chain(self.waiting.iter()).map(|r| r.id);
         self.present_ids.extend(ids);
@@ -305,15 +365,22 @@ impl Core {
         }
         let ids = plan.iter().map(|p| self.running[p.idx].id);
         self.step_ids.extend(ids);
-        // Steady drafting: every request asking for drafts drafted in its previous step, so the
-        // drafter catches up only on what that verification committed (`spec::guard`).
-        let steady = plan
-            .iter()
-            .filter(|p| p.decode && p.k_model > 0)
-            .all(|p| self.running[p.idx].drafted_last);
+        // Steady drafting: no request asking for drafts lags its drafter by more than one
+        // verification and a plain step (a drafter without a model never catches up), so the
+        // round costs what drafting costs (`spec::guard`).
+        let modelled = self.proposer.as_ref().is_some_and(|p| p.has_model());
+        let steady_lag = self.steady_lag();
+        let steady = !modelled
+            || plan
+                .iter()
+                .filter(|p| p.decode && p.k_model > 0)
+                .all(|p| self.running[p.idx].drafter_lag() <= steady_lag);
         let mut proposals = self.propose(&plan, steady)?;
         for (p, prop) in plan.iter().zip(&proposals) {
-            self.running[p.idx].drafted_last = p.decode && !prop.tokens.is_empty();
+            let r = &mut self.running[p.idx];
+            if p.decode && !prop.tokens.is_empty() {
+                r.drafted_at = Some(r.tokens.len());
+            }
         }
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
@@ -336,7 +403,8 @@ impl Core {
             self.decode.committed_tokens += committed as u64;
             self.decode.weight_bytes += out.weight_bytes;
             if adaptive {
-                self.guard.observe(drafted, steady, committed, secs);
+                self.guard
+                    .observe(drafted, steady && informed, committed, secs);
             }
         }
         let events = self.collect_events();
@@ -409,6 +477,21 @@ impl Core {
                 .unwrap_or(1)
                 .max(1);
             let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
+            if !steady {
+                // a round with catch-up: its cost per position caught up on (drafting included,
+                // so a slight overestimate) prices the next requests that start drafting
+                let rows: usize = asks
+                    .iter()
+                    .map(|&j| self.running[plan[j].idx].drafter_lag())
+                    .sum();
+                if rows > 0 {
+                    let x = secs / rows as f64;
+                    self.catch_up_s_per_row = Some(match self.catch_up_s_per_row {
+                        Some(v) => 0.7 * v + 0.3 * x,
+                        None => x,
+                    });
+                }
+            }
             if toks > 0 && steady {
                 // a round that only caught up (bounded catch-up) says nothing of drafting cost
                 self.draft_cost.observe(toks / kmax, secs / kmax as f64);
@@ -636,6 +719,12 @@ impl Core {
                 }
             }
             row0 += n + 1;
+            if n_model == 0 && p.decode && r.speculate && r.alpha_obs > 0 {
+                // No evidence this step: the request's own estimate ages toward the drafter's,
+                // so one that stopped drafting after a bad start drafts again later (without
+                // drafts it would never be re-measured).
+                r.alpha += 0.1 * (self.drafter_alpha - r.alpha);
+            }
             if n_model > 0 {
                 let rejected = usize::from(model_accepted < n_model);
                 let obs = model_accepted as f64 / (model_accepted + rejected).max(1) as f64;
@@ -766,6 +855,7 @@ fn choose_drafts(
     n_decode: usize,
     drafter_alpha: f64,
     pos_alpha: &[f64],
+    catch_up: Option<(usize, f64)>,
 ) -> (usize, Vec<u32>, usize) {
     // the engine's per-position profile, scaled by how this request's acceptance compares
     // with the drafter's (once the request has its own estimate)
@@ -777,7 +867,23 @@ fn choose_drafts(
     let c: Vec<f64> = pos_alpha.iter().map(|p| (p * ratio).min(0.999)).collect();
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
-        SpecMode::Adaptive { k_max } => choose_k_at(&c, k_max, n_decode, target, draft),
+        SpecMode::Adaptive { k_max } => {
+            let (k, saved) = choose_k_rates(&c, k_max, n_decode, target, draft);
+            match (catch_up, saved) {
+                (Some((lag, per_row)), Some(saved))
+                    if !catch_up_pays(
+                        lag,
+                        per_row,
+                        saved,
+                        r.generated(),
+                        r.params.max_tokens.saturating_sub(r.generated()),
+                    ) =>
+                {
+                    0
+                }
+                _ => k,
+            }
+        }
     };
     // never draft past max_tokens: k drafts commit at most k + 1 tokens
     let left = r.params.max_tokens.saturating_sub(r.generated());

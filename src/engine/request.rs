@@ -146,10 +146,11 @@ pub(crate) struct ReqState {
     /// Verifications that updated `alpha` (until a few, the drafter's engine-wide estimate is
     /// used instead: a new request starts from what the drafter has shown, not a fixed prior).
     pub alpha_obs: u32,
-    /// Whether the request's previous step was a decode step that drafted: a drafting round after
-    /// one is in the drafter's steady state (it catches up only on what that verification
-    /// committed), the only kind the adaptive policy and guard time (`engine::core`).
-    pub drafted_last: bool,
+    /// Context length at the request's last drafting round (None: the current drafter never
+    /// drafted for it): the drafter's lag, which its next round catches up on (an MTP layer or
+    /// draft model over the prompt or the plain steps' tokens); the adaptive policy times only
+    /// rounds with small lags and prices starting from a long one (`engine::core`).
+    pub drafted_at: Option<usize>,
     /// Prompt blocks already published to the prefix cache.
     pub prefix_registered: bool,
     /// Event being built this step.
@@ -175,6 +176,11 @@ pub(crate) struct ReqState {
 }
 
 impl ReqState {
+    /// Positions the drafter has not seen since its last drafting round for this request.
+    pub fn drafter_lag(&self) -> usize {
+        self.tokens.len() - self.drafted_at.unwrap_or(0).min(self.tokens.len())
+    }
+
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }

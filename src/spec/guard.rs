@@ -5,12 +5,13 @@
 //! steps of the other kind (1 in 16; a drafting probe is two steps, see below). A new drafter
 //! (swap) starts a fresh guard.
 //!
-//! Only steady drafting steps are timed: a drafting step right after a step in which a request
-//! did not draft (its first decode step, or a plain step) also makes the drafter catch up on
-//! every position it skipped (an MTP layer or draft model runs over the prompt, or over the
-//! plain steps' tokens) — a cost of having decoded plainly, not of drafting, and timing it made
-//! drafting look dearer than it is, so that once off it stayed off. Such a step is not timed,
-//! and a probe while drafting is off is two drafting steps, the second one timed.
+//! Only steady drafting steps are timed: in a drafting step where some request lags its drafter
+//! by more than one verification and one plain step (its first drafting round, or the first
+//! after a plain period), the drafter also catches up on every position it skipped (an MTP
+//! layer or draft model runs over the prompt, or over the plain steps' tokens) — a cost of
+//! having decoded plainly, not of drafting, and timing it made drafting look dearer than it is,
+//! so that once off it stayed off. Such a step is not timed (the engine decides, `steady`), and
+//! a probe while drafting is off is two drafting steps, the second one timed.
 //!
 //! Where it sits: the engine's step asks it, once per step in adaptive mode, whether this step
 //! may draft (`StepKind`), and feeds it the step's outcome. It never touches verification, so

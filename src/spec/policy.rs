@@ -54,7 +54,12 @@ impl LinearCost {
             return Some((my.max(0.0), 0.0));
         }
         let slope = ((self.sxy / self.n - mx * my) / var).max(0.0);
-        Some(((my - slope * mx).max(0.0), slope))
+        let base = my - slope * mx;
+        if base < 0.0 {
+            // the least-squares line through the origin (base >= 0 is the model's constraint)
+            return Some((0.0, (self.sxy / self.sxx).max(0.0)));
+        }
+        Some((base, slope))
     }
     pub fn predict(&self, tokens: usize) -> Option<f64> {
         self.fit().map(|(b, s)| b + s * tokens as f64)
@@ -104,22 +109,59 @@ pub fn choose_k_at(
     target: &LinearCost,
     draft: &LinearCost,
 ) -> usize {
+    choose_k_rates(c, k_max, batch, target, draft).0
+}
+
+/// [`choose_k_at`] and the predicted seconds per committed token it saves against k = 0 (None
+/// before the target cost has a fit).
+pub fn choose_k_rates(
+    c: &[f64],
+    k_max: usize,
+    batch: usize,
+    target: &LinearCost,
+    draft: &LinearCost,
+) -> (usize, Option<f64>) {
     let Some((tb, tt)) = target.fit() else {
-        return k_max; // no measurements yet: explore
+        return (k_max, None); // no measurements yet: explore
     };
     // A drafter without a model (n-gram) is never timed: it costs nothing.
     let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
     let b = batch.max(1) as f64;
     let mut best = (0usize, 0.0f64);
+    let mut plain = 0.0;
     for k in 0..=k_max {
         let cost =
             tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
         let rate = expected_tokens_at(c, k) / cost.max(1e-12);
+        if k == 0 {
+            plain = rate;
+        }
         if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
         }
     }
-    best.0
+    let saved = if best.0 == 0 || plain <= 0.0 {
+        0.0
+    } else {
+        1.0 / plain - 1.0 / best.1
+    };
+    (best.0, Some(saved))
+}
+
+/// Whether a request whose drafter must first catch up on `lag` positions (its whole context
+/// when it never drafted) should start drafting: the catch-up, `secs_per_row` each, must be
+/// paid back by the predicted saving per committed token (`saved`, from [`choose_k_rates`])
+/// over the tokens it is still expected to generate — at most `left`, and, not knowing its
+/// length, as many as it has generated so far (at least 32).
+pub fn catch_up_pays(
+    lag: usize,
+    secs_per_row: f64,
+    saved: f64,
+    generated: usize,
+    left: usize,
+) -> bool {
+    let horizon = generated.max(32).min(left) as f64;
+    saved * horizon >= secs_per_row * lag as f64
 }
 
 #[cfg(test)]
@@ -179,6 +221,39 @@ mod tests {
         for k in 0..6 {
             assert!((expected_tokens_at(&[0.8], k) - expected_tokens(0.8, k)).abs() < 1e-12);
         }
+    }
+
+    #[test]
+    fn a_negative_intercept_refits_through_the_origin() {
+        // many steps of 16 tokens at 45 ms and one of 17 at 90 ms: the free line has a large
+        // negative base; constrained to base 0 it must still predict ~45 ms at 16 tokens
+        let mut c = LinearCost::default();
+        for _ in 0..10 {
+            c.observe(16, 0.045);
+        }
+        c.observe(17, 0.090);
+        let (b, s) = c.fit().unwrap();
+        assert_eq!(b, 0.0);
+        let p16 = s * 16.0;
+        assert!((p16 - 0.048).abs() < 0.005, "predicts {p16} s at 16 tokens");
+    }
+
+    #[test]
+    fn catch_up_is_amortised() {
+        let target = model(0.010, 0.0002);
+        let draft = model(0.001, 0.0001);
+        let (k, saved) = choose_k_rates(&[0.9], 8, 1, &target, &draft);
+        let saved = saved.unwrap();
+        assert!(k >= 3 && saved > 0.0);
+        // a short context pays back quickly; a long one does not in 32 tokens, but does later
+        assert!(catch_up_pays(50, 1e-4, saved, 0, 200));
+        assert!(!catch_up_pays(1_000_000, 1e-4, saved, 0, 200));
+        assert!(!catch_up_pays(20_000, 1e-4, saved, 10, 200));
+        assert!(catch_up_pays(20_000, 1e-4, saved, 10_000, 200_000));
+        // nothing saved (k = 0 is best): never worth a catch-up
+        let (k0, s0) = choose_k_rates(&[0.0], 8, 1, &target, &draft);
+        assert_eq!((k0, s0), (0, Some(0.0)));
+        assert!(!catch_up_pays(10, 1e-4, 0.0, 100, 100));
     }
 
     #[test]
