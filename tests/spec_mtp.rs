@@ -6,7 +6,8 @@
 //!   across reasoning budgets (none / 0 / 1 / < k / half), chunked prefill, preemption with
 //!   recompute and its own fp8 KV cache, and swaps to and from it mid-generation;
 //! - it gets drafts accepted (it was trained for this target), and a target without an MTP layer
-//!   refuses it with a clear error.
+//!   refuses it with a clear error;
+//! - in adaptive mode, until the policy has its cost fits, one request at a time explores.
 
 mod common;
 
@@ -226,4 +227,93 @@ fn a_random_mtp_layer_is_lossless_too() {
     let e = Engine::new(&g, DraftSource::Mtp, cfg(SpecMode::Fixed(3))).unwrap();
     assert_same("random mtp", &base, &run(&e, reqs.clone(), &[]), &reqs);
     assert!(e.stats().totals.drafted_tokens > 0);
+}
+
+/// Adaptive mode explores with one request at a time: until the policy has its cost fits (and a
+/// measured catch-up cost), at most one request per step starts drafting, because a drafter's
+/// first round for a request runs it over the whole prompt (for sixteen requests at once that
+/// was ~9 plain steps on the widened target). The outputs stay those of plain decoding.
+#[test]
+fn adaptive_mode_explores_with_one_request_at_a_time() {
+    let reqs: Vec<Request> = requests(4)
+        .into_iter()
+        .map(|mut r| {
+            r.reasoning_budget = None;
+            r
+        })
+        .collect();
+    let plain = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    let e = Engine::new(
+        &target(),
+        DraftSource::Mtp,
+        cfg(SpecMode::Adaptive { k_max: 4 }),
+    )
+    .unwrap();
+    let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    let mut got: Vec<Output> = plain
+        .iter()
+        .zip(&ids)
+        .map(|(p, &id)| Output {
+            id,
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            ..p.clone()
+        })
+        .collect();
+    let mut step = |e: &Engine| {
+        for ev in e.step().unwrap() {
+            let o = got.iter_mut().find(|o| o.id == ev.id).unwrap();
+            o.token_ids.extend(&ev.tokens);
+            o.logprobs.extend(&ev.logprobs);
+            if let Some(f) = ev.finish {
+                o.finish_reason = f.as_str().into();
+            }
+        }
+    };
+    let counters = |e: &Engine| -> Vec<_> {
+        ids.iter()
+            // (unknown until the request's first step)
+            .map(|&id| e.request_counters(id).unwrap_or_default())
+            .collect()
+    };
+    let drafting = |e: &Engine| counters(e).iter().filter(|c| c.draft_steps > 0).count();
+    // prefill (all four prompts fit one step's token budget): nobody drafts more than one
+    while counters(&e)
+        .iter()
+        .any(|c| c.reasoning_tokens + c.answer_tokens == 0)
+    {
+        step(&e);
+        assert!(
+            drafting(&e) <= 1,
+            "more than one request explored during prefill"
+        );
+    }
+    // the first decode steps: no cost fit yet, so one explorer (the oldest request)
+    step(&e);
+    assert_eq!(
+        drafting(&e),
+        1,
+        "exactly one request explores the first decode step"
+    );
+    step(&e);
+    assert_eq!(
+        drafting(&e),
+        1,
+        "still one explorer while the draft cost is unmeasured"
+    );
+    let mut n = 0;
+    while e.has_work() {
+        step(&e);
+        n += 1;
+        assert!(n < 20_000, "no progress");
+    }
+    for o in &mut got {
+        o.counters = e.request_counters(o.id).unwrap();
+    }
+    assert_same("adaptive mtp, one explorer", &plain, &got, &reqs);
 }
