@@ -317,3 +317,84 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
     }
     assert_same("adaptive mtp, one explorer", &plain, &got, &reqs);
 }
+
+/// A burst of new prompts does not stall a step: the MTP layer's catch-up over the prompts is
+/// bounded per round (whole prompts while they fit 128 positions, then a part, the rest
+/// waiting), so after the first decode step of eight ~40-token prompts only some requests have
+/// drafted, later every one has, and the outputs equal plain decoding bitwise.
+#[test]
+fn mtp_catch_up_of_a_prompt_burst_is_bounded_per_round() {
+    let reqs: Vec<Request> = requests(8)
+        .into_iter()
+        .map(|mut r| {
+            r.reasoning_budget = None;
+            r
+        })
+        .collect();
+    let lens: Vec<usize> = reqs
+        .iter()
+        .map(|r| match &r.prompt {
+            Prompt::Tokens(t) => t.len(),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(lens.iter().all(|&n| n > 17) && lens.iter().sum::<usize>() > 2 * 128);
+    let plain = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    let e = Engine::new(&target(), DraftSource::Mtp, cfg(SpecMode::Fixed(2))).unwrap();
+    let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    let mut got: Vec<Output> = plain
+        .iter()
+        .zip(&ids)
+        .map(|(p, &id)| Output {
+            id,
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            ..p.clone()
+        })
+        .collect();
+    let mut step = |e: &Engine| {
+        for ev in e.step().unwrap() {
+            let o = got.iter_mut().find(|o| o.id == ev.id).unwrap();
+            o.token_ids.extend(&ev.tokens);
+            o.logprobs.extend(&ev.logprobs);
+            if let Some(f) = ev.finish {
+                o.finish_reason = f.as_str().into();
+            }
+        }
+    };
+    let counters = |e: &Engine| -> Vec<_> {
+        ids.iter()
+            .map(|&id| e.request_counters(id).unwrap_or_default())
+            .collect()
+    };
+    while counters(&e)
+        .iter()
+        .any(|c| c.reasoning_tokens + c.answer_tokens == 0)
+    {
+        step(&e);
+    }
+    step(&e); // the first decode step: the prompts' catch-up
+    let drafted = counters(&e).iter().filter(|c| c.draft_steps > 0).count();
+    assert!(
+        (1..ids.len()).contains(&drafted),
+        "{drafted} of {} requests drafted in the burst's first round",
+        ids.len()
+    );
+    let mut n = 0;
+    while e.has_work() {
+        step(&e);
+        n += 1;
+        assert!(n < 20_000, "no progress");
+    }
+    for o in &mut got {
+        o.counters = e.request_counters(o.id).unwrap();
+    }
+    assert_same("mtp bounded catch-up", &plain, &got, &reqs);
+    let late = got.iter().filter(|o| o.counters.draft_steps > 0).count();
+    assert_eq!(late, ids.len(), "every request drafts once caught up");
+}

@@ -17,6 +17,12 @@
 //! inputs are committed tokens and target hidden states. A request without hidden states for
 //! some position it needs (drafter swapped in mid-request) drafts nothing and decodes plainly.
 //!
+//! Catch-up is bounded per round by the draft model's rule (`draft_model::CATCHUP_INLINE`,
+//! `CATCHUP_PER_ROUND`), so a burst of new prompts does not stall a step: catch-ups of at most
+//! 16 positions (the normal case) always run; longer ones (a new request's prompt) run whole
+//! while they fit a shared budget of 128 positions per round, in request order, and the rest
+//! feed part of what remains of it and draft nothing that round.
+//!
 //! Reading: vLLM `model_executor/models/deepseek_mtp.py` and `v1/spec_decode/eagle.py`, SGLang
 //! `models/deepseek_nextn.py` (how the official weights are fed; no code taken).
 
@@ -28,6 +34,7 @@ use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
 use crate::model::{LogitsMode, Model, SeqChunk};
 use crate::sampling::Rng;
 
+use super::draft_model::{CATCHUP_INLINE, CATCHUP_PER_ROUND};
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
 struct MtpSeq {
@@ -106,8 +113,10 @@ impl Proposer for MtpProposer {
             tokens: Vec<u32>, // [catch-up rows] t_{j+1}
             prev: Vec<f32>,   // [catch-up rows, hidden]
             start: usize,     // first position
+            drafts: bool,     // false: a bounded part of a long catch-up, no drafts this round
         }
         let mut live: Vec<Live> = Vec::new();
+        let mut shared_left = CATCHUP_PER_ROUND;
         for (i, r) in reqs.iter().enumerate() {
             let l = r.context.len();
             if r.k == 0 || l < 2 {
@@ -136,11 +145,26 @@ impl Proposer for MtpProposer {
             if !have || m >= need_end {
                 continue;
             }
-            let rows = (m - s.hid_start)..(need_end - s.hid_start);
+            // Bounded catch-up (module doc): the whole lag and drafts, or a part and no drafts.
+            let lag = need_end - m;
+            let (end, drafts) = if lag <= CATCHUP_INLINE {
+                (need_end, true)
+            } else if lag <= shared_left {
+                shared_left -= lag;
+                (need_end, true)
+            } else if shared_left > 0 {
+                let part = shared_left;
+                shared_left = 0;
+                (m + part, false)
+            } else {
+                continue; // the round's catch-up budget is spent
+            };
+            let rows = (m - s.hid_start)..(end - s.hid_start);
             let prev = s.hidden[rows.start * h..rows.end * h].to_vec();
-            let tokens = r.context[m + 1..l].to_vec();
-            // Reserve the catch-up rows and the k - 1 chained positions.
-            match self.kv.plan_grow(&s.kv, need_end + r.k - 1) {
+            let tokens = r.context[m + 1..end + 1].to_vec();
+            // Reserve the catch-up rows and, when drafting, the k - 1 chained positions.
+            let need = if drafts { end + r.k - 1 } else { end };
+            match self.kv.plan_grow(&s.kv, need) {
                 Ok(plan) => self.kv.commit_grow(&mut s.kv, plan),
                 Err(_) => continue, // MTP cache full: no drafts this round
             }
@@ -149,12 +173,20 @@ impl Proposer for MtpProposer {
                 tokens,
                 prev,
                 start: m,
+                drafts,
             });
         }
-        let kmax = live.iter().map(|l| reqs[l.i].k).max().unwrap_or(0);
-        for step in 0..kmax {
+        let kmax = live
+            .iter()
+            .filter(|l| l.drafts)
+            .map(|l| reqs[l.i].k)
+            .max()
+            .unwrap_or(0);
+        // at least one forward (step 0) when only bounded catch-ups are live
+        let steps = if live.is_empty() { 0 } else { kmax.max(1) };
+        for step in 0..steps {
             let act: Vec<usize> = (0..live.len())
-                .filter(|&a| reqs[live[a].i].k > step)
+                .filter(|&a| step == 0 || (live[a].drafts && reqs[live[a].i].k > step))
                 .collect();
             if act.is_empty() {
                 break;
@@ -187,6 +219,10 @@ impl Proposer for MtpProposer {
                 let n = lv.tokens.len();
                 let s = self.seqs.get_mut(&r.id).expect("mtp seq");
                 self.kv.set_len(&mut s.kv, lv.start + n);
+                if !lv.drafts {
+                    row0 += n;
+                    continue;
+                }
                 let lrow = &logits[row * vocab..(row + 1) * vocab]; // [vocab]
                 let tok = out[lv.i].push_drafted(lrow, r.params, &mut s.rng);
                 // Next: the drafted token with this row's output, one position on.
