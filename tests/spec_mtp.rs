@@ -229,13 +229,10 @@ fn a_random_mtp_layer_is_lossless_too() {
     assert!(e.stats().totals.drafted_tokens > 0);
 }
 
-/// Adaptive mode explores with one request at a time: until the policy has its cost fits (and a
-/// measured catch-up cost), at most one request per step starts drafting, because a drafter's
-/// first round for a request runs it over the whole prompt (for sixteen requests at once that
-/// was ~9 plain steps on the widened target). The outputs stay those of plain decoding.
-#[test]
-fn adaptive_mode_explores_with_one_request_at_a_time() {
-    let reqs: Vec<Request> = requests(4)
+/// Workload requests without budgets, their plain outputs, and an engine with `drafter` and
+/// `spec` that the test steps by hand (`Stepped`).
+fn stepped(n: usize, drafter: DraftSource, spec: SpecMode) -> (Vec<Request>, Vec<Output>, Stepped) {
+    let reqs: Vec<Request> = requests(n)
         .into_iter()
         .map(|mut r| {
             r.reasoning_budget = None;
@@ -247,14 +244,9 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
         reqs.clone(),
         &[],
     );
-    let e = Engine::new(
-        &target(),
-        DraftSource::Mtp,
-        cfg(SpecMode::Adaptive { k_max: 4 }),
-    )
-    .unwrap();
+    let e = Engine::new(&target(), drafter, cfg(spec)).unwrap();
     let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
-    let mut got: Vec<Output> = plain
+    let got = plain
         .iter()
         .zip(&ids)
         .map(|(p, &id)| Output {
@@ -265,56 +257,92 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
             ..p.clone()
         })
         .collect();
-    let mut step = |e: &Engine| {
-        for ev in e.step().unwrap() {
-            let o = got.iter_mut().find(|o| o.id == ev.id).unwrap();
+    (reqs, plain, Stepped { e, ids, got })
+}
+
+/// An engine stepped one step at a time, its requests' outputs collected from the events.
+struct Stepped {
+    e: Engine,
+    ids: Vec<u64>,
+    got: Vec<Output>,
+}
+
+impl Stepped {
+    fn step(&mut self) {
+        for ev in self.e.step().unwrap() {
+            let o = self.got.iter_mut().find(|o| o.id == ev.id).unwrap();
             o.token_ids.extend(&ev.tokens);
             o.logprobs.extend(&ev.logprobs);
             if let Some(f) = ev.finish {
                 o.finish_reason = f.as_str().into();
             }
         }
-    };
-    let counters = |e: &Engine| -> Vec<_> {
-        ids.iter()
-            // (unknown until the request's first step)
-            .map(|&id| e.request_counters(id).unwrap_or_default())
-            .collect()
-    };
-    let drafting = |e: &Engine| counters(e).iter().filter(|c| c.draft_steps > 0).count();
-    // prefill (all four prompts fit one step's token budget): nobody drafts more than one
-    while counters(&e)
-        .iter()
-        .any(|c| c.reasoning_tokens + c.answer_tokens == 0)
-    {
-        step(&e);
-        assert!(
-            drafting(&e) <= 1,
-            "more than one request explored during prefill"
-        );
     }
+    /// Requests that have drafted at least once (counters are unknown until a request's first
+    /// step: none).
+    fn drafting(&self) -> usize {
+        self.ids
+            .iter()
+            .filter(|&&id| self.e.request_counters(id).is_ok_and(|c| c.draft_steps > 0))
+            .count()
+    }
+    /// Step until every request has committed its first token (the prompts are prefilled),
+    /// checking `each` after every step.
+    fn prefill(&mut self, mut each: impl FnMut(&Self)) {
+        let answered = |s: &Self| {
+            s.ids.iter().all(|&id| {
+                s.e.request_counters(id)
+                    .is_ok_and(|c| c.reasoning_tokens + c.answer_tokens > 0)
+            })
+        };
+        while !answered(self) {
+            self.step();
+            each(self);
+        }
+    }
+    /// Step to the end; the outputs with their counters.
+    fn finish(mut self) -> Vec<Output> {
+        let mut n = 0;
+        while self.e.has_work() {
+            self.step();
+            n += 1;
+            assert!(n < 20_000, "no progress");
+        }
+        for o in &mut self.got {
+            o.counters = self.e.request_counters(o.id).unwrap();
+        }
+        self.got
+    }
+}
+
+/// Adaptive mode explores with one request at a time: until the policy has its cost fits (and a
+/// measured catch-up cost), at most one request per step starts drafting, because a drafter's
+/// first round for a request runs it over the whole prompt (for sixteen requests at once that
+/// was ~9 plain steps on the widened target). The outputs stay those of plain decoding.
+#[test]
+fn adaptive_mode_explores_with_one_request_at_a_time() {
+    let (reqs, plain, mut s) = stepped(4, DraftSource::Mtp, SpecMode::Adaptive { k_max: 4 });
+    // prefill (all four prompts fit one step's token budget): nobody drafts more than one
+    s.prefill(|s| {
+        assert!(
+            s.drafting() <= 1,
+            "more than one request explored during prefill"
+        )
+    });
     // the first decode steps: no cost fit yet, so one explorer (the oldest request)
-    step(&e);
+    s.step();
     assert_eq!(
-        drafting(&e),
+        s.drafting(),
         1,
         "exactly one request explores the first decode step"
     );
-    step(&e);
+    s.step();
     assert_eq!(
-        drafting(&e),
+        s.drafting(),
         1,
         "still one explorer while the draft cost is unmeasured"
     );
-    let mut n = 0;
-    while e.has_work() {
-        step(&e);
-        n += 1;
-        assert!(n < 20_000, "no progress");
-    }
-    for o in &mut got {
-        o.counters = e.request_counters(o.id).unwrap();
-    }
+    let got = s.finish();
     assert_same("adaptive mtp, one explorer", &plain, &got, &reqs);
 }
 
@@ -324,13 +352,7 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
 /// drafted, later every one has, and the outputs equal plain decoding bitwise.
 #[test]
 fn mtp_catch_up_of_a_prompt_burst_is_bounded_per_round() {
-    let reqs: Vec<Request> = requests(8)
-        .into_iter()
-        .map(|mut r| {
-            r.reasoning_budget = None;
-            r
-        })
-        .collect();
+    let (reqs, plain, mut s) = stepped(8, DraftSource::Mtp, SpecMode::Fixed(2));
     let lens: Vec<usize> = reqs
         .iter()
         .map(|r| match &r.prompt {
@@ -339,62 +361,16 @@ fn mtp_catch_up_of_a_prompt_burst_is_bounded_per_round() {
         })
         .collect();
     assert!(lens.iter().all(|&n| n > 17) && lens.iter().sum::<usize>() > 2 * 128);
-    let plain = run(
-        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
-        reqs.clone(),
-        &[],
-    );
-    let e = Engine::new(&target(), DraftSource::Mtp, cfg(SpecMode::Fixed(2))).unwrap();
-    let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
-    let mut got: Vec<Output> = plain
-        .iter()
-        .zip(&ids)
-        .map(|(p, &id)| Output {
-            id,
-            token_ids: vec![],
-            logprobs: vec![],
-            finish_reason: String::new(),
-            ..p.clone()
-        })
-        .collect();
-    let mut step = |e: &Engine| {
-        for ev in e.step().unwrap() {
-            let o = got.iter_mut().find(|o| o.id == ev.id).unwrap();
-            o.token_ids.extend(&ev.tokens);
-            o.logprobs.extend(&ev.logprobs);
-            if let Some(f) = ev.finish {
-                o.finish_reason = f.as_str().into();
-            }
-        }
-    };
-    let counters = |e: &Engine| -> Vec<_> {
-        ids.iter()
-            .map(|&id| e.request_counters(id).unwrap_or_default())
-            .collect()
-    };
-    while counters(&e)
-        .iter()
-        .any(|c| c.reasoning_tokens + c.answer_tokens == 0)
-    {
-        step(&e);
-    }
-    step(&e); // the first decode step: the prompts' catch-up
-    let drafted = counters(&e).iter().filter(|c| c.draft_steps > 0).count();
+    s.prefill(|_| {});
+    s.step(); // the first decode step: the prompts' catch-up
+    let drafted = s.drafting();
     assert!(
-        (1..ids.len()).contains(&drafted),
+        (1..reqs.len()).contains(&drafted),
         "{drafted} of {} requests drafted in the burst's first round",
-        ids.len()
+        reqs.len()
     );
-    let mut n = 0;
-    while e.has_work() {
-        step(&e);
-        n += 1;
-        assert!(n < 20_000, "no progress");
-    }
-    for o in &mut got {
-        o.counters = e.request_counters(o.id).unwrap();
-    }
+    let got = s.finish();
     assert_same("mtp bounded catch-up", &plain, &got, &reqs);
     let late = got.iter().filter(|o| o.counters.draft_steps > 0).count();
-    assert_eq!(late, ids.len(), "every request drafts once caught up");
+    assert_eq!(late, reqs.len(), "every request drafts once caught up");
 }
