@@ -151,21 +151,26 @@ impl Core {
         }
     }
 
+    /// Whether the drafter runs a model (draft model, MTP layer): it is timed, and it catches up.
+    fn drafter_has_model(&self) -> bool {
+        self.proposer.as_ref().is_some_and(|p| p.has_model())
+    }
+
     /// Whether the adaptive policy has both cost fits (target step; draft step for a drafter
     /// with a model). Before that it explores with one request (see `schedule`).
     fn policy_informed(&self) -> bool {
         self.target_cost.fit().is_some()
-            && (self.draft_cost.fit().is_some()
-                || !self.proposer.as_ref().is_some_and(|p| p.has_model()))
+            && (self.draft_cost.fit().is_some() || !self.drafter_has_model())
     }
 
-    /// The largest drafter lag of a steady drafting round: one verification's tokens (k + 1)
-    /// and one plain step's.
-    fn steady_lag(&self) -> usize {
+    /// Whether `r`'s drafter must first catch up on more than a steady round's lag — one
+    /// verification's tokens (k + 1) and one plain step's — before it drafts (a drafter without
+    /// a model never catches up).
+    fn catching_up(&self, r: &ReqState) -> bool {
         let k_max = match self.cfg.spec {
             SpecMode::Adaptive { k_max } | SpecMode::Fixed(k_max) => k_max,
         };
-        k_max + 2
+        self.drafter_has_model() && r.drafter_lag() > k_max + 2
     }
 
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
@@ -190,7 +195,6 @@ impl Core {
         // may start drafting from a long lag; after that the policy only starts one whose
         // catch-up its predicted saving pays back (`policy::catch_up_pays`).
         let adaptive = matches!(self.cfg.spec, SpecMode::Adaptive { .. });
-        let modelled = self.proposer.as_ref().is_some_and(|p| p.has_model());
         let mut explorers = if adaptive && !self.policy_informed() {
             1
         } else {
@@ -210,8 +214,7 @@ impl Core {
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
                 let r = &self.running[i];
                 let lag = r.drafter_lag();
-                // the drafter must first catch up on more than one verification's tokens
-                let starting = adaptive && modelled && lag > self.steady_lag();
+                let starting = adaptive && self.catching_up(r);
                 let blind = starting && self.catch_up_s_per_row.is_none();
                 let spec_on = self.proposer.is_some()
                     && r.speculate
@@ -365,16 +368,12 @@ impl Core {
         }
         let ids = plan.iter().map(|p| self.running[p.idx].id);
         self.step_ids.extend(ids);
-        // Steady drafting: no request asking for drafts lags its drafter by more than one
-        // verification and a plain step (a drafter without a model never catches up), so the
+        // Steady drafting: no request asking for drafts has its drafter catching up, so the
         // round costs what drafting costs (`spec::guard`).
-        let modelled = self.proposer.as_ref().is_some_and(|p| p.has_model());
-        let steady_lag = self.steady_lag();
-        let steady = !modelled
-            || plan
-                .iter()
-                .filter(|p| p.decode && p.k_model > 0)
-                .all(|p| self.running[p.idx].drafter_lag() <= steady_lag);
+        let steady = !plan
+            .iter()
+            .filter(|p| p.decode && p.k_model > 0)
+            .any(|p| self.catching_up(&self.running[p.idx]));
         let mut proposals = self.propose(&plan, steady)?;
         for (p, prop) in plan.iter().zip(&proposals) {
             let r = &mut self.running[p.idx];

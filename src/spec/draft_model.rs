@@ -27,12 +27,38 @@ pub const CATCHUP_INLINE: usize = 16;
 pub const CATCHUP_PER_ROUND: usize = 128;
 
 /// What one request does in a round.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Role {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
     /// Catch up on the whole unseen context, then draft k tokens.
     Draft,
     /// Feed this many unseen context tokens (not the last one); no drafts this round.
     CatchUp(usize),
+}
+
+/// The round's role of each request from its catch-up (`unseen[j]` >= 1 positions, the last of
+/// which yields draft 1) — the module doc's bound, shared with the MTP drafter: short catch-ups
+/// always draft; long ones draft when they fit the shared budget whole (first come, first
+/// served); the rest feed parts of what remains of it (never their last position); None: the
+/// budget is spent.
+pub(super) fn catch_up_roles(unseen: &[usize]) -> Vec<Option<Role>> {
+    let mut roles: Vec<Option<Role>> = vec![None; unseen.len()];
+    let mut shared_left = CATCHUP_PER_ROUND;
+    for (role, &n) in roles.iter_mut().zip(unseen) {
+        if n <= CATCHUP_INLINE {
+            *role = Some(Role::Draft);
+        } else if n <= shared_left {
+            shared_left -= n;
+            *role = Some(Role::Draft);
+        }
+    }
+    for (role, &n) in roles.iter_mut().zip(unseen) {
+        if role.is_none() && shared_left > 0 {
+            let part = (n - 1).min(shared_left);
+            shared_left -= part;
+            *role = Some(Role::CatchUp(part));
+        }
+    }
+    roles
 }
 
 struct DraftSeq {
@@ -127,25 +153,8 @@ impl Proposer for DraftModelProposer {
             }
             unseen.push((i, r.context.len() - keep)); // >= 1
         }
-        // Roles: short catch-ups always draft; long ones draft when they fit the shared budget
-        // whole (first come, first served), the rest feed parts of what remains of it.
-        let mut roles: Vec<Option<Role>> = vec![None; unseen.len()];
-        let mut shared_left = CATCHUP_PER_ROUND;
-        for (role, &(_, n)) in roles.iter_mut().zip(&unseen) {
-            if n <= CATCHUP_INLINE {
-                *role = Some(Role::Draft);
-            } else if n <= shared_left {
-                shared_left -= n;
-                *role = Some(Role::Draft);
-            }
-        }
-        for (role, &(_, n)) in roles.iter_mut().zip(&unseen) {
-            if role.is_none() && shared_left > 0 {
-                let part = (n - 1).min(shared_left);
-                shared_left -= part;
-                *role = Some(Role::CatchUp(part));
-            }
-        }
+        let lags: Vec<usize> = unseen.iter().map(|&(_, n)| n).collect();
+        let roles = catch_up_roles(&lags);
         let mut active: Vec<(usize, Role)> = Vec::new();
         for (&(i, _), role) in unseen.iter().zip(roles) {
             let Some(role) = role else { continue }; // the round's catch-up budget is spent

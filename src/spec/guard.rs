@@ -95,8 +95,9 @@ impl SpecGuard {
     }
 
     /// A decode-only step committed `tokens` in `secs`; `drafted` whether any request drafted,
-    /// `steady` whether every request that drafted had drafted in its previous step too (only
-    /// steady drafting steps are timed: see the module doc).
+    /// `steady` whether no request that drafted had its drafter catching up on a lag longer
+    /// than a verification and a plain step (only steady drafting steps are timed: see the
+    /// module doc).
     pub fn observe(&mut self, drafted: bool, steady: bool, tokens: usize, secs: f64) {
         if secs <= 0.0 || tokens == 0 || (drafted && !steady) {
             return;

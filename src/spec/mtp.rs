@@ -17,11 +17,11 @@
 //! inputs are committed tokens and target hidden states. A request without hidden states for
 //! some position it needs (drafter swapped in mid-request) drafts nothing and decodes plainly.
 //!
-//! Catch-up is bounded per round by the draft model's rule (`draft_model::CATCHUP_INLINE`,
-//! `CATCHUP_PER_ROUND`), so a burst of new prompts does not stall a step: catch-ups of at most
-//! 16 positions (the normal case) always run; longer ones (a new request's prompt) run whole
-//! while they fit a shared budget of 128 positions per round, in request order, and the rest
-//! feed part of what remains of it and draft nothing that round.
+//! Catch-up is bounded per round by the draft model's rule (`draft_model::catch_up_roles`), so
+//! a burst of new prompts does not stall a step: catch-ups of at most 16 positions (the normal
+//! case) always run; longer ones (a new request's prompt) run whole while they fit a shared
+//! budget of 128 positions per round, in request order, and the rest feed parts of what remains
+//! of it and draft nothing that round.
 //!
 //! Reading: vLLM `model_executor/models/deepseek_mtp.py` and `v1/spec_decode/eagle.py`, SGLang
 //! `models/deepseek_nextn.py` (how the official weights are fed; no code taken).
@@ -34,7 +34,7 @@ use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
 use crate::model::{LogitsMode, Model, SeqChunk};
 use crate::sampling::Rng;
 
-use super::draft_model::{CATCHUP_INLINE, CATCHUP_PER_ROUND};
+use super::draft_model::{catch_up_roles, Role};
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
 struct MtpSeq {
@@ -115,8 +115,9 @@ impl Proposer for MtpProposer {
             start: usize,     // first position
             drafts: bool,     // false: a bounded part of a long catch-up, no drafts this round
         }
-        let mut live: Vec<Live> = Vec::new();
-        let mut shared_left = CATCHUP_PER_ROUND;
+        // Each request's catch-up [m, L - 1) (the last row yields draft 1), then the round's
+        // roles by the draft model's bound (module doc).
+        let mut lagging: Vec<(usize, usize, usize)> = Vec::new(); // (request, m, L - 1)
         for (i, r) in reqs.iter().enumerate() {
             let l = r.context.len();
             if r.k == 0 || l < 2 {
@@ -142,23 +143,20 @@ impl Proposer for MtpProposer {
             let m = s.kv.len();
             let need_end = l - 1; // positions [m, l - 1)
             let have = s.hid_start <= m && s.hid_start + s.fed.len() >= need_end;
-            if !have || m >= need_end {
-                continue;
+            if have && m < need_end {
+                lagging.push((i, m, need_end));
             }
-            // Bounded catch-up (module doc): the whole lag and drafts, or a part and no drafts.
-            let lag = need_end - m;
-            let (end, drafts) = if lag <= CATCHUP_INLINE {
-                (need_end, true)
-            } else if lag <= shared_left {
-                shared_left -= lag;
-                (need_end, true)
-            } else if shared_left > 0 {
-                let part = shared_left;
-                shared_left = 0;
-                (m + part, false)
-            } else {
-                continue; // the round's catch-up budget is spent
+        }
+        let lags: Vec<usize> = lagging.iter().map(|&(_, m, e)| e - m).collect();
+        let mut live: Vec<Live> = Vec::new();
+        for (&(i, m, need_end), role) in lagging.iter().zip(catch_up_roles(&lags)) {
+            let (end, drafts) = match role {
+                Some(Role::Draft) => (need_end, true),
+                Some(Role::CatchUp(part)) => (m + part, false),
+                None => continue, // the round's catch-up budget is spent
             };
+            let r = &reqs[i];
+            let s = self.seqs.get_mut(&r.id).expect("mtp seq");
             let rows = (m - s.hid_start)..(end - s.hid_start);
             let prev = s.hidden[rows.start * h..rows.end * h].to_vec();
             let tokens = r.context[m + 1..end + 1].to_vec();
