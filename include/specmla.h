@@ -59,12 +59,15 @@
 #define SPECMLA_KV_FP8_E4M3 4
 
 /**
- * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
- * and AVX512BF16 excluded: opt-in); asking for a level the CPU lacks fails engine creation
+ * Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the fastest this CPU has
+ * (AVX512BF16 where present; AMX excluded: opt-in); EXACT = the best of PORTABLE / AVX2 /
+ * AVX512 this CPU has (results bitwise equal to PORTABLE: f32 products of the weights and f32
+ * activations); asking for a level the CPU lacks fails engine creation
  * (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
  * matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them;
  * AVX512BF16 (bf16 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
- * batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output.
+ * batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output. Every
+ * level is deterministic and speculation is bitwise lossless within it.
  */
 #define SPECMLA_ISA_AUTO 0
 
@@ -77,6 +80,8 @@
 #define SPECMLA_ISA_AMX 4
 
 #define SPECMLA_ISA_AVX512BF16 5
+
+#define SPECMLA_ISA_EXACT 6
 
 /**
  * Draft source kinds for `specmla_draft_source.kind`.

@@ -1,7 +1,9 @@
 //! Golden logits: the engine's forward against transformers' fp32 reference (tools/golden), for
 //! every fixture in models/golden (V3 yarn + noaux_tc groups, V2-Lite, group-limited greedy, tied
 //! embeddings, fp8 block-quantised, several dense layers, bf16), through both attention paths,
-//! chunked prefill and mixed batches — plus bitwise batch invariance.
+//! chunked prefill and mixed batches — plus bitwise batch invariance. These run on the exact ISA
+//! level (`common::exact`); the default level's bound (bf16-rounded activations where the CPU has
+//! AVX512-BF16) is tests/isa_variants.rs's.
 //!
 //! Tolerance: max |engine - reference| <= 1e-4 x max(1, max |logit|). Both sides compute in f32
 //! from the same stored weights; the remaining differences are summation order (our fixed 8-lane
@@ -21,6 +23,10 @@ fn tol(reference: &[f32]) -> f32 {
 
 #[test]
 fn full_prompt_logits_match_reference_mha_path() {
+    exact(full_prompt_logits_match_reference_mha_path_on_exact_level)
+}
+
+fn full_prompt_logits_match_reference_mha_path_on_exact_level() {
     for dir in golden_dirs() {
         let model = Model::load_dir(&dir).unwrap();
         for (ids, reference) in golden_reference(&dir) {
@@ -38,6 +44,10 @@ fn full_prompt_logits_match_reference_mha_path() {
 
 #[test]
 fn token_by_token_decode_matches_reference_absorbed_path() {
+    exact(token_by_token_decode_matches_reference_absorbed_path_on_exact_level)
+}
+
+fn token_by_token_decode_matches_reference_absorbed_path_on_exact_level() {
     for dir in golden_dirs() {
         let model = Model::load_dir(&dir).unwrap();
         for (ids, reference) in golden_reference(&dir) {
@@ -55,6 +65,10 @@ fn token_by_token_decode_matches_reference_absorbed_path() {
 
 #[test]
 fn chunked_prefill_matches_reference_and_is_bitwise_equal_to_one_chunk() {
+    exact(chunked_prefill_matches_reference_and_is_bitwise_equal_to_one_chunk_on_exact_level)
+}
+
+fn chunked_prefill_matches_reference_and_is_bitwise_equal_to_one_chunk_on_exact_level() {
     for dir in golden_dirs() {
         let model = Model::load_dir(&dir).unwrap();
         let (ids, reference) = golden_reference(&dir).remove(0);
@@ -86,6 +100,10 @@ fn chunked_prefill_matches_reference_and_is_bitwise_equal_to_one_chunk() {
 /// logits as each alone, with 1, 2 and 3 threads.
 #[test]
 fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
+    exact(mixed_batches_and_thread_counts_are_bitwise_invariant_on_exact_level)
+}
+
+fn mixed_batches_and_thread_counts_are_bitwise_invariant_on_exact_level() {
     for dir in golden_dirs() {
         let model = Model::load_dir(&dir).unwrap();
         let refs = golden_reference(&dir);
@@ -130,6 +148,10 @@ fn mixed_batches_and_thread_counts_are_bitwise_invariant() {
 /// rows, which a wrong quantisation (scale, layout, rounding) would break by orders of magnitude.
 #[test]
 fn quantised_kv_caches_stay_close() {
+    exact(quantised_kv_caches_stay_close_on_exact_level)
+}
+
+fn quantised_kv_caches_stay_close_on_exact_level() {
     let dir = repo().join("models/golden/v3_yarn");
     let model = Model::load_dir(&dir).unwrap();
     let vocab = model.config.vocab_size;

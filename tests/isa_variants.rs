@@ -48,7 +48,7 @@ fn pinned_pool(isa: Isa, threads: usize) -> rayon::ThreadPool {
 
 /// True for the levels that share the portable reduction order bit for bit.
 fn same_order_as_portable(isa: Isa) -> bool {
-    !isa.level().opt_in()
+    isa.level().exact()
 }
 
 /// The bound for logits computed with bf16-rounded activations (avx512bf16) against a

@@ -19,6 +19,10 @@ fn tmp(tag: &str) -> std::path::PathBuf {
 
 #[test]
 fn quantized_fixture_loads_as_fp8_and_tracks_the_original() {
+    exact(quantized_fixture_loads_as_fp8_and_tracks_the_original_on_exact_level)
+}
+
+fn quantized_fixture_loads_as_fp8_and_tracks_the_original_on_exact_level() {
     let src = repo().join("models/golden/v3_bf16");
     let dst = tmp("v3");
     let r = quantize_dir(&src, &dst, 16).unwrap();

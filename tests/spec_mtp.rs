@@ -14,7 +14,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{
-    assert_same_outputs, reference_cases, repo, run_checked, spec_test_cfg, target_hidden,
+    assert_same_outputs, exact, reference_cases, repo, run_checked, spec_test_cfg, target_hidden,
 };
 use serde_json::Value;
 use specmla::engine::{DraftSource, Engine, EngineConfig, Output, Prompt, Request};
@@ -72,6 +72,10 @@ fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
 
 #[test]
 fn mtp_log_probs_match_the_torch_reference() {
+    exact(mtp_log_probs_match_the_torch_reference_on_exact_level)
+}
+
+fn mtp_log_probs_match_the_torch_reference_on_exact_level() {
     let model = Model::load_dir(&target()).unwrap();
     assert_eq!(model.mtp.len(), 1, "models/target holds one MTP layer");
     let c = &model.config;

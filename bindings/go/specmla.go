@@ -70,7 +70,7 @@ type EngineOptions struct {
 	BlockSize        uint32
 	Threads          uint32 // 0 = all cores
 	MTP              bool   // with no draft directory: draft with the target's MTP layer
-	ISA              uint32 // kernel instruction set: 0 auto, 1 portable, 2 avx2, 3 avx512, 4 amx, 5 avx512bf16 (opt-in)
+	ISA              uint32 // kernel instruction set: 0 auto (fastest: avx512bf16 where present), 1 portable, 2 avx2, 3 avx512, 4 amx (opt-in), 5 avx512bf16, 6 exact (best f32-exact level)
 	KVWindowBlocks   uint32 // DeepSeek-V4 sliding-window pool blocks (0 = default; ignored otherwise)
 	KVOffloadDir     string // second KV tier: a directory whose file keeps prompt blocks across engines
 	KVOffloadMem     uint64 // second KV tier: host-memory bytes for evicted prefix blocks (0 = none)

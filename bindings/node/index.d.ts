@@ -11,7 +11,7 @@ export interface EngineOptions {
   threads?: number;
   /** With no draft directory: draft with the target's own MTP layer. */
   mtp?: boolean;
-  /** Kernel instruction set: 0 auto (default), 1 portable, 2 avx2, 3 avx512, 4 amx, 5 avx512bf16 (opt-in: bf16-rounded activations in bf16 matmuls). */
+  /** Kernel instruction set: 0 auto (default: the fastest, avx512bf16 where present), 1 portable, 2 avx2, 3 avx512, 4 amx (opt-in), 5 avx512bf16 (bf16-rounded activations in bf16 matmuls), 6 exact (best level bitwise equal to portable). */
   isa?: number;
   /** DeepSeek-V4 sliding-window pool blocks (0 = default; ignored for other models). */
   kvWindowBlocks?: number;

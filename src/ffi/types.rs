@@ -22,18 +22,22 @@ pub const SPECMLA_KV_BF16: u32 = 2;
 pub const SPECMLA_KV_F16: u32 = 3;
 pub const SPECMLA_KV_FP8_E4M3: u32 = 4;
 
-/// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the best this CPU has (AMX
-/// and AVX512BF16 excluded: opt-in); asking for a level the CPU lacks fails engine creation
+/// Kernel instruction sets for `specmla_engine_params.isa`: AUTO = the fastest this CPU has
+/// (AVX512BF16 where present; AMX excluded: opt-in); EXACT = the best of PORTABLE / AVX2 /
+/// AVX512 this CPU has (results bitwise equal to PORTABLE: f32 products of the weights and f32
+/// activations); asking for a level the CPU lacks fails engine creation
 /// (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
 /// matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them;
 /// AVX512BF16 (bf16 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
-/// batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output.
+/// batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output. Every
+/// level is deterministic and speculation is bitwise lossless within it.
 pub const SPECMLA_ISA_AUTO: u32 = 0;
 pub const SPECMLA_ISA_PORTABLE: u32 = 1;
 pub const SPECMLA_ISA_AVX2: u32 = 2;
 pub const SPECMLA_ISA_AVX512: u32 = 3;
 pub const SPECMLA_ISA_AMX: u32 = 4;
 pub const SPECMLA_ISA_AVX512BF16: u32 = 5;
+pub const SPECMLA_ISA_EXACT: u32 = 6;
 
 /// Draft source kinds for `specmla_draft_source.kind`.
 /// NONE: speculation off. NGRAM: prompt-lookup drafter. PATH: a model directory (any draft
@@ -454,6 +458,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         SPECMLA_ISA_AVX512 => Some(IsaLevel::Avx512),
         SPECMLA_ISA_AMX => Some(IsaLevel::Amx),
         SPECMLA_ISA_AVX512BF16 => Some(IsaLevel::Avx512Bf16),
+        SPECMLA_ISA_EXACT => Some(IsaLevel::best_exact()),
         other => {
             return Err(FfiError::invalid(format!(
                 "isa: unknown SPECMLA_ISA_* value {other}"

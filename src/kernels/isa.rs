@@ -15,7 +15,14 @@
 //! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls on
 //! `vdpbf16ps` with the activations rounded to bf16 (`gemm/bf16dot.rs`: llama.cpp's contract,
 //! an error up to 2^-9 of sum |w x| per output, also stated by the tests); everything else on it is
-//! the `avx512` code. Both are opt-in (`IsaLevel::opt_in`): `auto` never picks them.
+//! the `avx512` code.
+//!
+//! `auto` picks the fastest level the CPU has, `avx512bf16` included: bf16 weights times
+//! bf16-rounded activations is the contract of a bf16 checkpoint everywhere else (transformers in
+//! bf16, llama.cpp, oneDNN), and it doubles the multiply-adds per instruction of every
+//! compute-bound product. `exact` picks the best level that keeps the f32 order shared with
+//! `portable` (for results that must match an f32 reference to rounding). `amx` stays opt-in
+//! (`IsaLevel::opt_in`): measured slower than `avx512` in the engine's one-token decode.
 
 use std::cell::Cell;
 use std::fmt;
@@ -65,7 +72,8 @@ impl IsaLevel {
         }
     }
 
-    /// Parse `portable` / `avx2` / `avx512` / `amx` (also `native`/`auto`: the best available).
+    /// Parse `portable` / `avx2` / `avx512` / `avx512bf16` / `amx` (also `native`/`auto`: the
+    /// best available, None; `exact`: the best exact level of this CPU).
     pub fn parse(s: &str) -> Option<Option<IsaLevel>> {
         match s.trim().to_ascii_lowercase().as_str() {
             "portable" | "scalar" => Some(Some(IsaLevel::Portable)),
@@ -74,14 +82,31 @@ impl IsaLevel {
             "avx512bf16" | "avx512-bf16" | "bf16" => Some(Some(IsaLevel::Avx512Bf16)),
             "amx" | "amx-bf16" => Some(Some(IsaLevel::Amx)),
             "auto" | "native" | "best" => Some(None),
+            "exact" => Some(Some(IsaLevel::best_exact())),
             _ => None,
         }
     }
 
-    /// Levels `auto` never picks: their matmuls round differently from the exact-f32 order the
-    /// other levels share (`amx`: another f32 order; `avx512bf16`: activations rounded to bf16).
+    /// Levels `auto` never picks: `amx` (measured slower than `avx512` in one-token decode,
+    /// docs/BENCHMARKS.md "AMX-BF16 tiles").
     pub fn opt_in(self) -> bool {
-        matches!(self, IsaLevel::Avx512Bf16 | IsaLevel::Amx)
+        matches!(self, IsaLevel::Amx)
+    }
+
+    /// Levels whose every product keeps the exact-f32 reduction order of `portable` (bitwise
+    /// equal to it); `avx512bf16` (bf16-rounded activations) and `amx` (another f32 order) do not.
+    pub fn exact(self) -> bool {
+        !matches!(self, IsaLevel::Avx512Bf16 | IsaLevel::Amx)
+    }
+
+    /// The best exact level this CPU has (what `exact` / `SPECMLA_ISA_EXACT` select).
+    pub fn best_exact() -> IsaLevel {
+        IsaLevel::ALL
+            .into_iter()
+            .rev()
+            .filter(|l| l.exact())
+            .find(|l| l.supported())
+            .unwrap_or(IsaLevel::Portable)
     }
 
     /// Whether this CPU can run the level.
@@ -116,8 +141,9 @@ impl IsaLevel {
 
 impl Isa {
     /// The best level this CPU has that is picked by default (cheap: the standard library
-    /// caches CPUID). `amx` is opt-in (`--isa amx`): measured on an AMX Xeon it speeds up
-    /// prefill but slows the engine's one-token decode (docs/BENCHMARKS.md, "AMX-BF16 tiles").
+    /// caches CPUID): `avx512bf16` where the CPU has AVX512-BF16. `amx` is opt-in (`--isa amx`):
+    /// measured on an AMX Xeon it speeds up prefill but slows the engine's one-token decode
+    /// (docs/BENCHMARKS.md, "AMX-BF16 tiles").
     pub fn detect() -> Self {
         let level = IsaLevel::ALL
             .into_iter()

@@ -366,8 +366,14 @@ fn isa_levels_parse_and_pin() {
     assert_eq!(
         default_best,
         Some(Isa::detect()),
-        "amx and avx512bf16 are opt-in, the rest best-first"
+        "amx is opt-in, the rest best-first"
     );
+    assert!(IsaLevel::best_exact().exact() && IsaLevel::best_exact().supported());
+    assert_eq!(IsaLevel::parse("exact"), Some(Some(IsaLevel::best_exact())));
+    if IsaLevel::Avx512Bf16.supported() {
+        assert_eq!(Isa::detect().level(), IsaLevel::Avx512Bf16);
+        assert_eq!(IsaLevel::best_exact(), IsaLevel::Avx512);
+    }
     assert_eq!(IsaLevel::parse("amx"), Some(Some(IsaLevel::Amx)));
     assert_eq!(
         IsaLevel::parse("avx512bf16"),

@@ -206,11 +206,23 @@ pub fn median_row_error_and_agreement(
     (rows[rows.len() / 2], agree)
 }
 
+/// A pool whose workers run the best exact ISA level (`IsaLevel::best_exact`: bitwise equal to
+/// the portable kernels), for tests held to an f32 reference within f32 rounding. The engine's
+/// default (`auto`) may be `avx512bf16` (bf16-rounded activations in bf16 matmuls), whose own,
+/// looser bound against the same references tests/isa_variants.rs checks.
 pub fn pool(threads: usize) -> rayon::ThreadPool {
+    let isa = specmla::kernels::Isa::new(specmla::kernels::IsaLevel::best_exact()).unwrap();
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
+        .start_handler(move |_| specmla::kernels::pin_thread(Some(isa)))
         .build()
         .unwrap()
+}
+
+/// Run `f` on the exact level (see [`pool`]): every kernel it reaches, nested parallel work
+/// included, runs on a pinned worker.
+pub fn exact<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    pool(2).install(f)
 }
 
 /// Run all requests as one continuous batch, applying `swaps` (step -> drafter) and checking

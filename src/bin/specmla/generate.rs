@@ -158,7 +158,7 @@ pub fn draft_source(s: &str) -> DraftSource {
 pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
     specmla::kernels::IsaLevel::parse(s).ok_or_else(|| {
         Error::InvalidArgument(format!(
-            "--isa: unknown `{s}` (auto, portable, avx2, avx512, avx512bf16, amx)"
+            "--isa: unknown `{s}` (auto, exact, portable, avx2, avx512, avx512bf16, amx)"
         ))
     })
 }
