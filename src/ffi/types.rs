@@ -28,7 +28,7 @@ pub const SPECMLA_KV_FP8_E4M3: u32 = 4;
 /// activations); asking for a level the CPU lacks fails engine creation
 /// (SPECMLA_ERR_INVALID_ARGUMENT). PORTABLE, AVX2 and AVX512 give the same bits; AMX (bf16
 /// matmuls on the tile unit) is batch-invariant on its own and within f32 rounding of them;
-/// AVX512BF16 (bf16 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
+/// AVX512BF16 (bf16 and fp8 matmuls by vdpbf16ps with bf16-rounded activations, as llama.cpp) is
 /// batch-invariant on its own and within ~2^-9 of sum |w x| of them per matmul output. Every
 /// level is deterministic and speculation is bitwise lossless within it.
 pub const SPECMLA_ISA_AUTO: u32 = 0;

@@ -12,7 +12,8 @@
 //! results are bitwise equal. `amx` runs bf16-weight matmuls on the AMX tile unit
 //! (`gemm/amx.rs`: exact products, a different f32 accumulation order), so its bf16 matmuls
 //! differ from the other levels by f32 rounding (within the tolerance the kernel tests state);
-//! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls on
+//! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls (and fp8
+//! ones with 64-column blocks where the CPU has AVX512-VBMI: e4m3 is exact in bf16) on
 //! `vdpbf16ps` with the activations rounded to bf16 (`gemm/bf16dot.rs`: llama.cpp's contract,
 //! an error up to 2^-9 of sum |w x| per output, also stated by the tests); everything else on it is
 //! the `avx512` code.

@@ -106,7 +106,7 @@ fn pool(threads: usize) -> rayon::ThreadPool {
         .expect("pool")
 }
 
-const KINDS: [Kind; 7] = [
+const KINDS: [Kind; 8] = [
     Kind::F32,
     Kind::Bf16,
     Kind::F16,
@@ -114,6 +114,8 @@ const KINDS: [Kind; 7] = [
     Kind::Fp8(3, 16),
     Kind::Fp8(5, 12),
     Kind::Fp8(4, 24),
+    // the avx512bf16 level's fp8 path (block columns a multiple of 64), odd block rows
+    Kind::Fp8(5, 64),
 ];
 
 #[test]
@@ -278,6 +280,10 @@ fn batch_invariance_bitwise_simd() {
             check_batch_invariance(isa, kind, 37, 160, &small, &[1, 2, 3]);
             check_batch_invariance(isa, kind, 260, 256, &[2, 16, 17, 33], &[1, 2, 3]);
             check_batch_invariance(isa, kind, 70, 288, &[64, 65, 66, 100], &[1, 3]);
+            // Columns a multiple of 64: the avx512bf16 level's fp8 path (one and several
+            // scale blocks per row, row tails of 1, token tiles of 1..4).
+            check_batch_invariance(isa, kind, 37, 192, &small, &[1, 2, 3]);
+            check_batch_invariance(isa, kind, 261, 384, &[2, 5, 17, 49], &[1, 2, 3]);
         }
     }
 }
@@ -294,8 +300,9 @@ fn batch_invariance_bitwise_portable() {
 /// products, another f32 summation order, so there each element is within
 /// `AMX_REL_TOL * sum_k |w_rk * x_tk|` of the portable one (f32 rounding of a 16-bit-exact
 /// product sum: a few ulps of the magnitude; 1e-6 leaves a margin of ~10x) — and the
-/// `avx512bf16` level's `vdpbf16ps` path (same weights): the activations are rounded to bf16
-/// (relative error <= 2^-9 each), so each element is within `BF16_DOT_REL_TOL * sum |w * x|`.
+/// `avx512bf16` level's `vdpbf16ps` path (same bf16 weights, and fp8 weights with 64-column
+/// groups): the activations are rounded to bf16 (relative error <= 2^-9 each; the weights are
+/// exact in bf16), so each element is within `BF16_DOT_REL_TOL * sum |w * x|`.
 #[test]
 fn simd_and_portable_bitwise_equal() {
     const AMX_REL_TOL: f64 = 1e-6;
@@ -311,6 +318,7 @@ fn simd_and_portable_bitwise_equal() {
             (11, 32),
             (37, 160),
             (70, 1024),
+            (9, 320),
         ] {
             let w = random_matrix(&mut rng, kind, rows, cols);
             for n in [1, 2, 4, 7, 9, 10, 13, 16, 17, 25, 67, 101] {
@@ -320,9 +328,8 @@ fn simd_and_portable_bitwise_equal() {
                 for isa in Isa::available() {
                     let mut ys = vec![0.0f32; n * rows]; // [n, rows]
                     matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut ys);
-                    let tiles = (isa.amx() || isa.bf16_dot())
-                        && matches!(kind, Kind::Bf16)
-                        && cols % 32 == 0;
+                    let tiles = (isa.amx() && matches!(kind, Kind::Bf16) && cols % 32 == 0)
+                        || super::gemm::takes_bf16_dot(isa, WRef::of(&w), cols);
                     let tol = if isa.bf16_dot() {
                         BF16_DOT_REL_TOL
                     } else {

@@ -1,8 +1,9 @@
-//! The AVX512-BF16 row-block path of `gemm`: bf16 weights with a multiple of 32 columns, on the
-//! opt-in `avx512bf16` ISA level, for EVERY token count (n = 1 included, so batch invariance
-//! holds on this level: one code path per element whatever n).
+//! The AVX512-BF16 row-block path of `gemm`: bf16 weights with a multiple of 32 columns — and,
+//! where the CPU also has AVX512-VBMI, block-scaled fp8 e4m3 weights with columns and block
+//! columns a multiple of 64 — on the `avx512bf16` ISA level, for EVERY token count (n = 1
+//! included, so batch invariance holds on this level: one code path per element whatever n).
 //!
-//! Contract (the one llama.cpp runs on such CPUs, and why the level is opt-in): the activations
+//! Contract (the one llama.cpp runs on such CPUs; `exact` avoids it): the activations
 //! are rounded to bf16 (round to nearest even) once per call, so each product w * x is exact in
 //! f32 but x carries a relative error up to 2^-9; a matmul output differs from the exact-f32
 //! levels by at most 2^-9 x sum |w * x| plus f32 rounding (the kernel tests state it). In exchange the
@@ -16,6 +17,17 @@
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block) change only which
 //! elements are computed together.
+//!
+//! fp8 (`tile_fp8`): every e4m3 value is exact in bf16, so a 64-byte group of weights becomes
+//! two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high and low byte of
+//! the magnitude's bf16 bits; e4m3 subnormals map to normal bf16), the sign OR-ed in, and two
+//! byte unpacks — no widening to f32, so a one-token product streams the weights at memory
+//! speed instead of being bound by the decode (the exact levels' fp8 GEMV). The unpacks
+//! interleave within 128-bit lanes, so the activations are packed in the same order
+//! ([`pack_bf16_fp8`]). Order per element: for each block of `block_cols` columns, a fresh
+//! 16-lane sum over its 64-column groups in increasing order (two `vdpbf16ps` per group: the
+//! low, then the high unpack), folded into the 16 lane accumulators by one FMA with the block's
+//! scale; then the fixed 16-lane tree.
 
 use std::arch::x86_64::*;
 
@@ -34,9 +46,99 @@ const MR1: usize = 8;
 /// the row tiles of a row block sweep them.
 const TOKEN_BLOCK: usize = 48;
 
+/// fp8 columns per group (one 64-byte load, two `vdpbf16ps`).
+pub(super) const FP8_GROUP: usize = 64;
+/// Register tile of the fp8 multi-token path: rows x tokens (8 lane accumulators, 8 block sums).
+const MR_FP8: usize = 2;
+const NT_FP8: usize = 4;
+
 /// Whether a matmul of these weights runs on this path at this ISA.
 pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
     isa.bf16_dot() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols.is_multiple_of(K_CHUNK)
+        || applies_fp8(isa, w, cols)
+}
+
+/// Whether an fp8 matmul runs on this path: the level, AVX512-VBMI (the byte lookups), and
+/// 64-column groups that never straddle a scale block.
+pub(super) fn applies_fp8(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
+    isa.bf16_dot()
+        && isa.vbmi()
+        && matches!(w, WRef::Fp8 { block_cols, .. } if block_cols.is_multiple_of(FP8_GROUP))
+        && cols > 0
+        && cols.is_multiple_of(FP8_GROUP)
+}
+
+/// bf16 bits of the e4m3fn magnitude `m` (0..=127; 127 is NaN): exact for every finite value
+/// (3 mantissa bits, exponents 2^-9 ..= 2^8), subnormals included (they become normal bf16).
+const fn e4m3_magnitude_bf16(m: u8) -> u16 {
+    let (e, f) = ((m >> 3) as i32, (m & 7) as i32);
+    if m == 0x7f {
+        0x7fc0
+    } else if e > 0 {
+        (((e - 7 + 127) << 7) | (f << 4)) as u16
+    } else if f == 0 {
+        0
+    } else {
+        // f x 2^-9 with f in 1..=7: top bit p, fraction bits below it
+        let p = if f >= 4 {
+            2
+        } else if f >= 2 {
+            1
+        } else {
+            0
+        };
+        (((p - 9 + 127) << 7) | ((f - (1 << p)) << (7 - p))) as u16
+    }
+}
+
+/// The lookup tables of `tile_fp8`: high bytes, then low bytes, of [`e4m3_magnitude_bf16`].
+const FP8_BF16_TABLES: [[u8; 128]; 2] = {
+    let mut t = [[0u8; 128]; 2];
+    let mut m = 0;
+    while m < 128 {
+        let v = e4m3_magnitude_bf16(m as u8);
+        t[0][m] = (v >> 8) as u8;
+        t[1][m] = v as u8;
+        m += 1;
+    }
+    t
+};
+
+/// Word `i` of a packed 64-column group holds column `FP8_ORDER[i]` of the group: the order the
+/// byte unpacks of `tile_fp8` leave the weights in (lane L of the low unpack: columns
+/// 16L..16L+8; of the high one: 16L+8..16L+16).
+const FP8_ORDER: [u16; 64] = {
+    let mut o = [0u16; 64];
+    let mut i = 0;
+    while i < 64 {
+        let (half, l, j) = (i / 32, (i % 32) / 8, i % 8);
+        o[i] = (16 * l + 8 * half + j) as u16;
+        i += 1;
+    }
+    o
+};
+
+/// x: [n, cols] rounded to bf16 like [`pack_bf16`], each 64-column group in [`FP8_ORDER`]
+/// (cols a multiple of 64), into `out`: [n, cols].
+///
+/// # Safety
+/// Only where the CPU has AVX512-BF16 (`IsaLevel::Avx512Bf16.supported()`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn pack_bf16_fp8(x: &[f32], out: &mut [u16]) {
+    assert!(
+        x.len().is_multiple_of(FP8_GROUP),
+        "pack_bf16_fp8: not whole groups"
+    );
+    pack_bf16(x, out);
+    let ia = _mm512_loadu_si512(FP8_ORDER.as_ptr() as *const _);
+    let ib = _mm512_loadu_si512(FP8_ORDER.as_ptr().add(32) as *const _);
+    for g in out.chunks_exact_mut(FP8_GROUP) {
+        let p = g.as_mut_ptr();
+        let lo = _mm512_loadu_si512(p as *const _);
+        let hi = _mm512_loadu_si512(p.add(32) as *const _);
+        _mm512_storeu_si512(p as *mut _, _mm512_permutex2var_epi16(lo, ia, hi));
+        _mm512_storeu_si512(p.add(32) as *mut _, _mm512_permutex2var_epi16(lo, ib, hi));
+    }
 }
 
 /// The activations x: [n, cols] rounded to bf16 into `out`: [n, cols], by `vcvtneps2bf16`
@@ -115,7 +217,156 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
 }
 
+/// One fp8 register tile: rows `w + i * ws` (bytes, i < R; `sc[i]` the row's block scales)
+/// times tokens `x + j * xs` (packed by [`pack_bf16_fp8`], j < T), all `ng` groups with
+/// `gpb` groups per scale block, into `out[i * on + j]`; prefetches `pf_rows` rows from `pf`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_fp8<const R: usize, const T: usize>(
+    w: *const u8,
+    ws: usize,
+    sc: [*const f32; R],
+    x: *const u16,
+    xs: usize,
+    ng: usize,
+    gpb: usize,
+    out: *mut f32,
+    on: usize,
+    pf: *const u8,
+    pf_rows: usize,
+) {
+    let l2 = prefetch_to_l2();
+    let t = &FP8_BF16_TABLES;
+    let (hi0, hi1) = (
+        _mm512_loadu_si512(t[0].as_ptr() as *const _),
+        _mm512_loadu_si512(t[0].as_ptr().add(64) as *const _),
+    );
+    let (lo0, lo1) = (
+        _mm512_loadu_si512(t[1].as_ptr() as *const _),
+        _mm512_loadu_si512(t[1].as_ptr().add(64) as *const _),
+    );
+    let sign = _mm512_set1_epi8(0x80u8 as i8);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut g = 0;
+    let mut cb = 0;
+    while g < ng {
+        let g1 = (g + gpb).min(ng);
+        let mut blk = [[_mm512_setzero_ps(); T]; R];
+        while g < g1 {
+            let off = g * FP8_GROUP;
+            for r in 0..pf_rows {
+                prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
+            }
+            for (i, bi) in blk.iter_mut().enumerate() {
+                let b = _mm512_loadu_si512(w.add(i * ws + off) as *const _);
+                let hi = _mm512_permutex2var_epi8(hi0, b, hi1);
+                let lo = _mm512_permutex2var_epi8(lo0, b, lo1);
+                let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, b, sign); // hi | (b & 0x80)
+                let wa: __m512bh = std::mem::transmute(_mm512_unpacklo_epi8(lo, hi));
+                let wb: __m512bh = std::mem::transmute(_mm512_unpackhi_epi8(lo, hi));
+                for (j, v) in bi.iter_mut().enumerate() {
+                    let xp = x.add(j * xs + off);
+                    let xa: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp as *const _));
+                    let xb: __m512bh =
+                        std::mem::transmute(_mm512_loadu_si512(xp.add(32) as *const _));
+                    *v = _mm512_dpbf16_ps(*v, wa, xa);
+                    *v = _mm512_dpbf16_ps(*v, wb, xb);
+                }
+            }
+            g += 1;
+        }
+        for (i, (ai, bi)) in acc.iter_mut().zip(&blk).enumerate() {
+            let s = _mm512_set1_ps(*sc[i].add(cb));
+            for (a, b) in ai.iter_mut().zip(bi) {
+                *a = _mm512_fmadd_ps(*b, s, *a);
+            }
+        }
+        cb += 1;
+    }
+    for (i, ai) in acc.iter().enumerate() {
+        for (j, v) in ai.iter().enumerate() {
+            *out.add(i * on + j) = hsum16(*v);
+        }
+    }
+}
+
 impl Job<'_> {
+    /// fp8 rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n].
+    ///
+    /// # Safety
+    /// Only with `applies_fp8(..)` true (AVX512-BF16 + VBMI present) and `self.bpack` the
+    /// [`pack_bf16_fp8`] of `self.x`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi,avx2,fma")]
+    pub(super) unsafe fn row_block_bf16dot_fp8(&self, wr0: usize, out: &mut [f32]) {
+        let WRef::Fp8 {
+            data,
+            scale_inv,
+            block_rows,
+            block_cols,
+        } = self.w
+        else {
+            unreachable!("the fp8 bf16-dot path takes fp8 weights")
+        };
+        let (n, cols) = (self.n, self.cols);
+        let nrows = out.len() / n;
+        debug_assert_eq!(self.bpack.len(), cols * n);
+        let (ng, gpb) = (cols / FP8_GROUP, block_cols / FP8_GROUP);
+        let ncb = cols.div_ceil(block_cols);
+        let x = self.bpack.as_ptr();
+        let o = out.as_mut_ptr();
+        let w0 = data.as_ptr().add(wr0 * cols);
+        let scales = |r: usize| scale_inv.as_ptr().add((wr0 + r) / block_rows * ncb);
+        let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
+        if n == 1 {
+            let mut i0 = 0;
+            while i0 < nrows {
+                let m = if nrows - i0 >= MR1 { MR1 } else { 1 };
+                let pf_rows = left(i0 + m).min(m);
+                let (w, op) = (w0.add(i0 * cols), o.add(i0));
+                let pf = w.add(m * cols);
+                if m == MR1 {
+                    let sc: [*const f32; MR1] = std::array::from_fn(|i| scales(i0 + i));
+                    tile_fp8::<MR1, 1>(w, cols, sc, x, cols, ng, gpb, op, 1, pf, pf_rows);
+                } else {
+                    let sc = [scales(i0)];
+                    tile_fp8::<1, 1>(w, cols, sc, x, cols, ng, gpb, op, 1, pf, pf_rows);
+                }
+                i0 += m;
+            }
+            return;
+        }
+        for tb0 in (0..n).step_by(TOKEN_BLOCK) {
+            let tb1 = (tb0 + TOKEN_BLOCK).min(n);
+            let mut i0 = 0;
+            while i0 < nrows {
+                let m = if nrows - i0 >= MR_FP8 { MR_FP8 } else { 1 };
+                let w = w0.add(i0 * cols);
+                let mut t0 = tb0;
+                while t0 < tb1 {
+                    let nt = NT_FP8.min(tb1 - t0);
+                    let pf_rows = if t0 == 0 { left(i0 + m).min(m) } else { 0 };
+                    let pf = w.add(m * cols);
+                    let xp = x.add(t0 * cols);
+                    let op = o.add(i0 * n + t0);
+                    macro_rules! go {
+                        ($($r:literal, $t:literal);*) => {
+                            match (m, nt) {
+                                $(($r, $t) => {
+                                    let sc: [*const f32; $r] = std::array::from_fn(|i| scales(i0 + i));
+                                    tile_fp8::<$r, $t>(w, cols, sc, xp, cols, ng, gpb, op, n, pf, pf_rows)
+                                })*
+                                _ => unreachable!("fp8 bf16-dot tile {m}x{nt}"),
+                            }
+                        };
+                    }
+                    go!(2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
+                    t0 += nt;
+                }
+                i0 += m;
+            }
+        }
+    }
     /// Rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n].
     ///
     /// # Safety
@@ -185,6 +436,37 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use crate::kernels::IsaLevel;
+
+    /// Every finite e4m3fn magnitude's bf16 bits give its exact value (from the format
+    /// definition: 4 exponent bits, bias 7, subnormals at exponent 0), 0x7f is a NaN; the
+    /// unpack order is a permutation of the 64 columns.
+    #[test]
+    fn fp8_bf16_table_is_exact() {
+        for m in 0u8..128 {
+            let v = f32::from_bits((super::e4m3_magnitude_bf16(m) as u32) << 16);
+            if m == 0x7f {
+                assert!(v.is_nan());
+                continue;
+            }
+            let (e, f) = ((m >> 3) as i32, (m & 7) as f64);
+            let want = if e == 0 {
+                f / 8.0 * 2f64.powi(-6)
+            } else {
+                (1.0 + f / 8.0) * 2f64.powi(e - 7)
+            };
+            assert_eq!(v as f64, want, "magnitude {m:#x}");
+            let t = &super::FP8_BF16_TABLES;
+            assert_eq!(
+                ((t[0][m as usize] as u16) << 8) | t[1][m as usize] as u16,
+                super::e4m3_magnitude_bf16(m)
+            );
+        }
+        let mut seen = [false; 64];
+        for c in super::FP8_ORDER {
+            assert!(!seen[c as usize]);
+            seen[c as usize] = true;
+        }
+    }
 
     /// The vector pack rounds like `half::bf16::from_f32` (nearest even) for every normal
     /// value, ties included, at every tail length.

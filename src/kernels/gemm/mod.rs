@@ -15,7 +15,9 @@
 //! The portable path computes each element alone through `lanes.rs` and is bitwise equal.
 //! On the `amx` level, bf16 weights whose column count is a multiple of 32 take the AMX tile
 //! path of `amx.rs` at every n instead (its own fixed order; see there); on the `avx512bf16`
-//! level they take the `vdpbf16ps` path of `bf16dot.rs` (bf16-rounded activations; see there).
+//! level they take the `vdpbf16ps` path of `bf16dot.rs` (bf16-rounded activations; see there),
+//! and so do fp8 weights whose columns and block columns are multiples of 64 where the CPU has
+//! AVX512-VBMI (each e4m3 value is exact in bf16).
 
 use rayon::prelude::*;
 
@@ -202,6 +204,22 @@ fn check_fp8_shape(w: WRef<'_>, rows: usize, cols: usize) {
     }
 }
 
+/// Whether matmuls of `w` run on the `vdpbf16ps` path (bf16-rounded activations) at `isa`: the
+/// `avx512bf16` level's bf16 weights with columns a multiple of 32, fp8 with columns and block
+/// columns a multiple of 64 (and AVX512-VBMI). Tests use it to pick their bound.
+#[allow(dead_code)]
+pub(crate) fn takes_bf16_dot(isa: Isa, w: WRef<'_>, cols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        bf16dot::applies(isa, w, cols)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, w, cols);
+        false
+    }
+}
+
 /// [`matmul`] with an explicit instruction set (tests compare the SIMD and portable paths).
 pub(crate) fn matmul_with(
     isa: Isa,
@@ -355,6 +373,10 @@ fn pack_bf16_operand(
     if amx::applies(isa, w, cols) {
         amx::pack_splits(x, cols, n, buf.reuse_u16(3 * cols * n));
         return 3 * cols * n;
+    } else if bf16dot::applies_fp8(isa, w, cols) {
+        // SAFETY: bf16dot::applies_fp8 only on the avx512bf16 level (AVX512-BF16 present).
+        unsafe { bf16dot::pack_bf16_fp8(x, buf.reuse_u16(cols * n)) };
+        return cols * n;
     } else if bf16dot::applies(isa, w, cols) {
         // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
         unsafe { bf16dot::pack_bf16(x, buf.reuse_u16(cols * n)) };
@@ -413,6 +435,13 @@ impl Job<'_> {
     fn row_block(&self, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
+        #[cfg(target_arch = "x86_64")]
+        if !self.bpack.is_empty() && matches!(self.w, WRef::Fp8 { .. }) {
+            // SAFETY: an fp8 matmul's bpack is filled only when bf16dot::applies_fp8 (AVX-512,
+            // AVX512-BF16 and AVX512-VBMI present), with pack_bf16_fp8.
+            unsafe { self.row_block_bf16dot_fp8(r0, out) };
+            return;
+        }
         if let WRef::Fp8 {
             data,
             scale_inv,
