@@ -2,8 +2,12 @@
 //! measures. It keeps the committed tokens per second of decode-only engine steps that drafted
 //! and of those that did not (exponential averages), switches drafting off while drafting
 //! measures slower than not drafting (by more than 3 %), and keeps both rates fresh with probe
-//! steps of the other kind (1 in 16; a drafting probe is two steps, see below). A new drafter
-//! (swap) starts a fresh guard.
+//! steps of the other kind (a drafting probe is two steps, see below). A probe comes 16 steps
+//! after the last one; while the verdict stays clear (drafting at least 10 % beyond the
+//! threshold either way, and the probe's own sample agreeing) the period doubles up to 128
+//! steps, so a drafter that clearly wins loses few steps to plain probes and one that clearly
+//! loses few to drafting probes; a probe sample on the other side of the threshold, or a
+//! verdict near it, brings the period back to 16. A new drafter (swap) starts a fresh guard.
 //!
 //! Only steady drafting steps are timed: in a drafting step where some request lags its drafter
 //! by more than one verification and one plain step (its first drafting round, or the first
@@ -49,19 +53,31 @@ pub struct SpecGuard {
     drafting: Rate,
     plain: Rate,
     steps: u64,
+    /// Steps between probes (0 before the first: `PROBE_EVERY`).
+    period: u64,
+    /// The step at which the next probe starts.
+    next_probe: u64,
+    /// Steps of the current probe still to come (a drafting probe is two).
+    probe_left: u8,
+    /// The current probe's kind: drafting steps (drafting was off) or a plain step.
+    probing_drafting: bool,
 }
 
-/// Probe period (steps) and the samples each rate needs before it is trusted.
+/// Shortest and longest probe period (steps), and the samples each rate needs before it is
+/// trusted.
 const PROBE_EVERY: u64 = 16;
+const PROBE_MAX: u64 = 128;
 const MIN_SAMPLES: u32 = 3;
 /// Drafting is kept while it measures at least this fraction of the plain rate.
 const KEEP_RATIO: f64 = 0.97;
+/// The verdict is clear (probes may thin out) when drafting is this factor beyond the
+/// threshold: above KEEP_RATIO x CLEAR or below KEEP_RATIO / CLEAR of the plain rate.
+const CLEAR: f64 = 1.1;
 
 impl SpecGuard {
     /// Decide the next step's kind.
     pub fn next_step(&mut self) -> StepKind {
         self.steps += 1;
-        let probe = self.steps % PROBE_EVERY == 0;
         if self.plain.samples < MIN_SAMPLES {
             // learn the plain rate early: every 4th step plain
             return if self.steps % 4 == 0 {
@@ -73,18 +89,43 @@ impl SpecGuard {
         if self.drafting.samples < MIN_SAMPLES {
             return StepKind::Free;
         }
-        if self.drafting_loses() {
+        let loses = self.drafting_loses();
+        if self.probe_left == 0 && self.steps >= self.next_probe {
+            // a probe starts; the period doubles while the verdict is clear, else restarts
+            self.period = if self.period > 0 && self.verdict_clear() {
+                (self.period * 2).min(PROBE_MAX)
+            } else {
+                PROBE_EVERY
+            };
+            self.next_probe = self.steps + self.period;
             // two drafting steps in a row: the first catches up, the second is timed
-            if probe || self.steps % PROBE_EVERY == 1 {
+            self.probe_left = if loses { 2 } else { 1 };
+            self.probing_drafting = loses;
+        }
+        if self.probe_left > 0 {
+            self.probe_left -= 1;
+            return if self.probing_drafting {
                 StepKind::Free
             } else {
                 StepKind::Plain
-            }
-        } else if probe {
+            };
+        }
+        if loses {
             StepKind::Plain
         } else {
             StepKind::Free
         }
+    }
+
+    /// Drafting's measured rate is far from the keep threshold (either way).
+    fn verdict_clear(&self) -> bool {
+        let ratio = self.drafting.value / self.plain.value.max(f64::MIN_POSITIVE);
+        ratio > KEEP_RATIO * CLEAR || ratio < KEEP_RATIO / CLEAR
+    }
+
+    /// Steps until the next probe starts (tests and traces).
+    pub fn steps_to_probe(&self) -> u64 {
+        self.next_probe.saturating_sub(self.steps)
     }
 
     /// Whether drafting currently measures slower than plain decoding.
@@ -103,10 +144,24 @@ impl SpecGuard {
             return;
         }
         let r = tokens as f64 / secs;
+        // a probe's sample on the other side of the threshold than the verdict it probes:
+        // conditions changed, so probe often again
+        let probe_sample = self.period > 0 && drafted == self.probing_drafting && {
+            let (d, p) = if drafted {
+                (r, self.plain.value)
+            } else {
+                (self.drafting.value, r)
+            };
+            (d < KEEP_RATIO * p) != self.drafting_loses()
+        };
         if drafted {
             self.drafting.observe(r);
         } else {
             self.plain.observe(r);
+        }
+        if probe_sample && self.period > PROBE_EVERY {
+            self.period = PROBE_EVERY;
+            self.next_probe = self.next_probe.min(self.steps + PROBE_EVERY);
         }
     }
 }
@@ -151,6 +206,29 @@ mod tests {
         assert!(g.drafting_loses());
         assert!(d < 60, "drafted in {d} of 400 steps");
         assert!(d > 10, "still probes: {d}");
+        // a clear loser is probed less and less: at most 2 drafting steps per 128 in the long run
+        let d = run(&mut g, 2048, 50.0, 100.0);
+        assert!(g.drafting_loses());
+        assert!((16..=40).contains(&d), "drafted in {d} of 2048 steps");
+        assert!(g.steps_to_probe() <= PROBE_MAX);
+    }
+
+    /// A clear winner is probed with plain steps less and less (each costs a drafting step's
+    /// gain); a close call keeps the 16-step period.
+    #[test]
+    fn probes_thin_out_only_while_the_verdict_is_clear() {
+        let mut g = SpecGuard::default();
+        run(&mut g, 400, 250.0, 100.0);
+        let d = run(&mut g, 2048, 250.0, 100.0);
+        assert!(2048 - d <= 20, "{} plain steps of 2048", 2048 - d);
+        let mut g = SpecGuard::default();
+        run(&mut g, 400, 101.0, 100.0);
+        let d = run(&mut g, 2048, 101.0, 100.0);
+        assert!(
+            (2048 - d) >= 2048 / 16 - 4,
+            "{} plain steps of 2048",
+            2048 - d
+        );
     }
 
     #[test]
