@@ -104,6 +104,9 @@ fn engine_params_are_validated() {
         engine_config(&p).expect("portable").isa,
         Some(crate::kernels::IsaLevel::Portable)
     );
+    p.isa = SPECMLA_ISA_EXACT;
+    let exact = engine_config(&p).expect("exact").isa.expect("a level");
+    assert!(exact.exact() && exact.supported());
     p.isa = 99;
     assert!(engine_config(&p).is_err());
     // the second KV tier: off by default; a directory and / or a memory budget turn it on
