@@ -18,16 +18,18 @@
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block) change only which
 //! elements are computed together.
 //!
-//! fp8 (`tile_fp8`): every e4m3 value is exact in bf16, so a 64-byte group of weights becomes
-//! two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high and low byte of
-//! the magnitude's bf16 bits; e4m3 subnormals map to normal bf16), the sign OR-ed in, and two
-//! byte unpacks — no widening to f32, so a one-token product streams the weights at memory
-//! speed instead of being bound by the decode (the exact levels' fp8 GEMV). The unpacks
-//! interleave within 128-bit lanes, so the activations are packed in the same order
-//! ([`pack_bf16_fp8`]). Order per element: for each block of `block_cols` columns, a fresh
-//! 16-lane sum over its 64-column groups in increasing order (two `vdpbf16ps` per group: the
-//! low, then the high unpack), folded into the 16 lane accumulators by one FMA with the block's
-//! scale; then the fixed 16-lane tree.
+//! fp8 (`tile_fp8`, `convert_fp8_rows`): every e4m3 value is exact in bf16, so a 64-byte group
+//! of weights becomes two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high
+//! and low byte of the magnitude's bf16 bits; e4m3 subnormals map to normal bf16), the sign
+//! OR-ed in, and two byte unpacks — no widening to f32, so a one-token product streams the
+//! weights at memory speed instead of being bound by the decode (the exact levels' fp8 GEMV).
+//! The block scale goes into the activations: for the rows of one scale block row, x times the
+//! scale of each column block, rounded to bf16 once (the same 2^-9 relative bound per product
+//! as rounding x alone), so an element is one dot product of bf16 pairs in the order above over
+//! the whole row — one path whatever n: one token converts each group in registers, several
+//! convert a tile's rows once per token block into a bf16 panel that the bf16 tiles sweep. The
+//! unpacks interleave within 128-bit lanes, so weights and activations are both taken in that
+//! order ([`FP8_ORDER`], [`pack_bf16_fp8`]): a permutation of each 64-column group.
 
 use std::arch::x86_64::*;
 
@@ -48,9 +50,9 @@ const TOKEN_BLOCK: usize = 48;
 
 /// fp8 columns per group (one 64-byte load, two `vdpbf16ps`).
 pub(super) const FP8_GROUP: usize = 64;
-/// Register tile of the fp8 multi-token path: rows x tokens (8 lane accumulators, 8 block sums).
-const MR_FP8: usize = 2;
-const NT_FP8: usize = 4;
+/// Up to this many tokens an fp8 product converts each weight group in registers for all its
+/// tokens; above, a row tile is converted once per token block into a bf16 panel.
+const FP8_REGISTER_TOKENS: usize = 4;
 
 /// Whether a matmul of these weights runs on this path at this ISA.
 pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
@@ -217,88 +219,142 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
 }
 
-/// One fp8 register tile: rows `w + i * ws` (bytes, i < R; `sc[i]` the row's block scales)
-/// times tokens `x + j * xs` (packed by [`pack_bf16_fp8`], j < T), all `ng` groups with
-/// `gpb` groups per scale block, into `out[i * on + j]`; prefetches `pf_rows` rows from `pf`.
+/// The 16 bf16 words of one 64-byte fp8 group `b` (any bytes; e4m3fn), as two registers in
+/// [`FP8_ORDER`]: the low unpack and the high unpack.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn fp8_group_to_bf16(b: __m512i, t: &[__m512i; 5]) -> (__m512i, __m512i) {
+    let hi = _mm512_permutex2var_epi8(t[0], b, t[1]);
+    let lo = _mm512_permutex2var_epi8(t[2], b, t[3]);
+    let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, b, t[4]); // hi | (b & 0x80)
+    (_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi))
+}
+
+/// The lookup tables (high bytes 0..64, 64..128, low bytes 0..64, 64..128) and the sign mask.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn fp8_tables() -> [__m512i; 5] {
+    let t = &FP8_BF16_TABLES;
+    [
+        _mm512_loadu_si512(t[0].as_ptr() as *const _),
+        _mm512_loadu_si512(t[0].as_ptr().add(64) as *const _),
+        _mm512_loadu_si512(t[1].as_ptr() as *const _),
+        _mm512_loadu_si512(t[1].as_ptr().add(64) as *const _),
+        _mm512_set1_epi8(0x80u8 as i8),
+    ]
+}
+
+/// fp8 register tile for a few tokens: rows `w + i * ws` (bytes, i < R) times the packed,
+/// scaled tokens `x + j * xs` ([`pack_scaled_fp8`], j < T), all `ng` groups, into
+/// `out[i * on + j]`, converting each group in registers; prefetches `pf_rows` rows from `pf`.
+/// Same bits as the bf16 tile over [`convert_fp8_rows`]' panel.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi,avx2,fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_fp8<const R: usize, const T: usize>(
     w: *const u8,
     ws: usize,
-    sc: [*const f32; R],
     x: *const u16,
     xs: usize,
     ng: usize,
-    gpb: usize,
     out: *mut f32,
     on: usize,
     pf: *const u8,
     pf_rows: usize,
 ) {
     let l2 = prefetch_to_l2();
-    let t = &FP8_BF16_TABLES;
-    let (hi0, hi1) = (
-        _mm512_loadu_si512(t[0].as_ptr() as *const _),
-        _mm512_loadu_si512(t[0].as_ptr().add(64) as *const _),
-    );
-    let (lo0, lo1) = (
-        _mm512_loadu_si512(t[1].as_ptr() as *const _),
-        _mm512_loadu_si512(t[1].as_ptr().add(64) as *const _),
-    );
-    let sign = _mm512_set1_epi8(0x80u8 as i8);
+    let t = fp8_tables();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let mut g = 0;
-    let mut cb = 0;
-    while g < ng {
-        let g1 = (g + gpb).min(ng);
-        let mut blk = [[_mm512_setzero_ps(); T]; R];
-        while g < g1 {
-            let off = g * FP8_GROUP;
-            for r in 0..pf_rows {
-                prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
-            }
-            for (i, bi) in blk.iter_mut().enumerate() {
-                let b = _mm512_loadu_si512(w.add(i * ws + off) as *const _);
-                let hi = _mm512_permutex2var_epi8(hi0, b, hi1);
-                let lo = _mm512_permutex2var_epi8(lo0, b, lo1);
-                let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, b, sign); // hi | (b & 0x80)
-                let wa: __m512bh = std::mem::transmute(_mm512_unpacklo_epi8(lo, hi));
-                let wb: __m512bh = std::mem::transmute(_mm512_unpackhi_epi8(lo, hi));
-                for (j, v) in bi.iter_mut().enumerate() {
-                    let xp = x.add(j * xs + off);
-                    let xa: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp as *const _));
-                    let xb: __m512bh =
-                        std::mem::transmute(_mm512_loadu_si512(xp.add(32) as *const _));
-                    *v = _mm512_dpbf16_ps(*v, wa, xa);
-                    *v = _mm512_dpbf16_ps(*v, wb, xb);
-                }
-            }
-            g += 1;
+    for g in 0..ng {
+        let off = g * FP8_GROUP;
+        for r in 0..pf_rows {
+            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
         }
-        for (i, (ai, bi)) in acc.iter_mut().zip(&blk).enumerate() {
-            let s = _mm512_set1_ps(*sc[i].add(cb));
-            for (a, b) in ai.iter_mut().zip(bi) {
-                *a = _mm512_fmadd_ps(*b, s, *a);
+        for (i, ai) in acc.iter_mut().enumerate() {
+            let (wa, wb) =
+                fp8_group_to_bf16(_mm512_loadu_si512(w.add(i * ws + off) as *const _), &t);
+            let (wa, wb): (__m512bh, __m512bh) = (std::mem::transmute(wa), std::mem::transmute(wb));
+            for (j, a) in ai.iter_mut().enumerate() {
+                let xp = x.add(j * xs + off);
+                let xa: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp as *const _));
+                let xb: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp.add(32) as *const _));
+                *a = _mm512_dpbf16_ps(*a, wa, xa);
+                *a = _mm512_dpbf16_ps(*a, wb, xb);
             }
         }
-        cb += 1;
     }
     for (i, ai) in acc.iter().enumerate() {
-        for (j, v) in ai.iter().enumerate() {
-            *out.add(i * on + j) = hsum16(*v);
+        for (j, a) in ai.iter().enumerate() {
+            *out.add(i * on + j) = hsum16(*a);
         }
     }
 }
 
+/// `m` fp8 rows `w + i * cols` (bytes) into the bf16 panel `out`: [m, cols] in [`FP8_ORDER`];
+/// prefetches `pf_rows` rows from `pf`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn convert_fp8_rows(
+    w: *const u8,
+    cols: usize,
+    m: usize,
+    out: *mut u16,
+    pf: *const u8,
+    pf_rows: usize,
+) {
+    let l2 = prefetch_to_l2();
+    let t = fp8_tables();
+    for i in 0..m {
+        for g in 0..cols / FP8_GROUP {
+            let off = g * FP8_GROUP;
+            if i < pf_rows {
+                prefetch_line(pf.wrapping_add(i * cols + off) as *const i8, l2);
+            }
+            let (wa, wb) =
+                fp8_group_to_bf16(_mm512_loadu_si512(w.add(i * cols + off) as *const _), &t);
+            _mm512_storeu_si512(out.add(i * cols + off) as *mut _, wa);
+            _mm512_storeu_si512(out.add(i * cols + off + 32) as *mut _, wb);
+        }
+    }
+}
+
+/// x: [n, cols] times the block scales of one scale block row (`srow[k / block_cols]` for
+/// column k), rounded to bf16 and permuted like [`pack_bf16_fp8`], into `out`: [n, cols];
+/// `tmp` holds the scaled f32 copy.
+///
+/// # Safety
+/// Only where the CPU has AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn pack_scaled_fp8(
+    x: &[f32],
+    cols: usize,
+    srow: &[f32],
+    block_cols: usize,
+    tmp: &mut Vec<f32>,
+    out: &mut [u16],
+) {
+    tmp.clear();
+    for xt in x.chunks_exact(cols) {
+        for (cb, xc) in xt.chunks(block_cols).enumerate() {
+            let sc = srow[cb];
+            tmp.extend(xc.iter().map(|v| v * sc));
+        }
+    }
+    pack_bf16_fp8(tmp, out);
+}
+
 impl Job<'_> {
-    /// fp8 rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n].
+    /// fp8 rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n], run by
+    /// scale block rows (each packs its scaled activations into `s`).
     ///
     /// # Safety
-    /// Only with `applies_fp8(..)` true (AVX512-BF16 + VBMI present) and `self.bpack` the
-    /// [`pack_bf16_fp8`] of `self.x`.
+    /// Only with `applies_fp8(..)` true (AVX-512, AVX512-BF16 and AVX512-VBMI present).
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx512vbmi,avx2,fma")]
-    pub(super) unsafe fn row_block_bf16dot_fp8(&self, wr0: usize, out: &mut [f32]) {
+    pub(super) unsafe fn row_block_bf16dot_fp8(
+        &self,
+        wr0: usize,
+        out: &mut [f32],
+        s: &mut super::Scratch,
+    ) {
         let WRef::Fp8 {
             data,
             scale_inv,
@@ -310,63 +366,87 @@ impl Job<'_> {
         };
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
-        debug_assert_eq!(self.bpack.len(), cols * n);
-        let (ng, gpb) = (cols / FP8_GROUP, block_cols / FP8_GROUP);
+        let (ng, nk) = (cols / FP8_GROUP, cols / K_CHUNK);
         let ncb = cols.div_ceil(block_cols);
-        let x = self.bpack.as_ptr();
         let o = out.as_mut_ptr();
-        let w0 = data.as_ptr().add(wr0 * cols);
-        let scales = |r: usize| scale_inv.as_ptr().add((wr0 + r) / block_rows * ncb);
         let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
-        if n == 1 {
-            let mut i0 = 0;
-            while i0 < nrows {
-                let m = if nrows - i0 >= MR1 { MR1 } else { 1 };
-                let pf_rows = left(i0 + m).min(m);
-                let (w, op) = (w0.add(i0 * cols), o.add(i0));
-                let pf = w.add(m * cols);
-                if m == MR1 {
-                    let sc: [*const f32; MR1] = std::array::from_fn(|i| scales(i0 + i));
-                    tile_fp8::<MR1, 1>(w, cols, sc, x, cols, ng, gpb, op, 1, pf, pf_rows);
-                } else {
-                    let sc = [scales(i0)];
-                    tile_fp8::<1, 1>(w, cols, sc, x, cols, ng, gpb, op, 1, pf, pf_rows);
-                }
-                i0 += m;
-            }
-            return;
-        }
-        for tb0 in (0..n).step_by(TOKEN_BLOCK) {
-            let tb1 = (tb0 + TOKEN_BLOCK).min(n);
-            let mut i0 = 0;
-            while i0 < nrows {
-                let m = if nrows - i0 >= MR_FP8 { MR_FP8 } else { 1 };
-                let w = w0.add(i0 * cols);
-                let mut t0 = tb0;
-                while t0 < tb1 {
-                    let nt = NT_FP8.min(tb1 - t0);
-                    let pf_rows = if t0 == 0 { left(i0 + m).min(m) } else { 0 };
-                    let pf = w.add(m * cols);
-                    let xp = x.add(t0 * cols);
-                    let op = o.add(i0 * n + t0);
+        let mut a = 0;
+        while a < nrows {
+            // rows [a, b) share one scale block row
+            let sr = (wr0 + a) / block_rows;
+            let b = nrows.min((sr + 1) * block_rows - wr0);
+            let xb = s.acc.reuse_u16(n * cols);
+            pack_scaled_fp8(
+                self.x,
+                cols,
+                &scale_inv[sr * ncb..][..ncb],
+                block_cols,
+                &mut s.deq,
+                xb,
+            );
+            let x = xb.as_ptr();
+            if n <= FP8_REGISTER_TOKENS {
+                // a few tokens: each group converted in registers, all tokens per row tile
+                let mut i0 = a;
+                while i0 < b {
+                    let m = if n == 1 && b - i0 >= MR1 {
+                        MR1
+                    } else if n > 1 && b - i0 >= MR {
+                        MR
+                    } else {
+                        1
+                    };
+                    let pf_rows = left(i0 + m).min(m);
+                    let w = data.as_ptr().add((wr0 + i0) * cols);
+                    let (pf, op) = (w.add(m * cols), o.add(i0 * n));
                     macro_rules! go {
                         ($($r:literal, $t:literal);*) => {
-                            match (m, nt) {
-                                $(($r, $t) => {
-                                    let sc: [*const f32; $r] = std::array::from_fn(|i| scales(i0 + i));
-                                    tile_fp8::<$r, $t>(w, cols, sc, xp, cols, ng, gpb, op, n, pf, pf_rows)
-                                })*
-                                _ => unreachable!("fp8 bf16-dot tile {m}x{nt}"),
+                            match (m, n) {
+                                $(($r, $t) => tile_fp8::<$r, $t>(w, cols, x, cols, ng, op, n, pf, pf_rows),)*
+                                _ => unreachable!("fp8 register tile {m}x{n}"),
                             }
                         };
                     }
-                    go!(2, 4; 2, 3; 2, 2; 2, 1; 1, 4; 1, 3; 1, 2; 1, 1);
-                    t0 += nt;
+                    go!(8, 1; 1, 1; 4, 2; 4, 3; 4, 4; 1, 2; 1, 3; 1, 4);
+                    i0 += m;
                 }
-                i0 += m;
+                a = b;
+                continue;
             }
+            let panel = s.panel.reuse_u16(MR * cols).as_mut_ptr();
+            for tb0 in (0..n).step_by(TOKEN_BLOCK) {
+                let tb1 = (tb0 + TOKEN_BLOCK).min(n);
+                let mut i0 = a;
+                while i0 < b {
+                    let m = if b - i0 >= MR { MR } else { 1 };
+                    let w = data.as_ptr().add((wr0 + i0) * cols);
+                    // the first token block streams the next rows in while converting
+                    let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
+                    convert_fp8_rows(w, cols, m, panel, w.add(m * cols), pf_rows);
+                    let mut t0 = tb0;
+                    while t0 < tb1 {
+                        let nt = NT.min(tb1 - t0);
+                        let xp = x.add(t0 * cols);
+                        let op = o.add(i0 * n + t0);
+                        let none = std::ptr::null();
+                        macro_rules! go {
+                            ($($r:literal, $t:literal);*) => {
+                                match (m, nt) {
+                                    $(($r, $t) => tile::<$r, $t>(panel, cols, xp, cols, nk, op, n, none, 0),)*
+                                    _ => unreachable!("fp8 bf16-dot tile {m}x{nt}"),
+                                }
+                            };
+                        }
+                        go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
+                        t0 += nt;
+                    }
+                    i0 += m;
+                }
+            }
+            a = b;
         }
     }
+
     /// Rows [wr0, wr0 + out.len() / n) for all tokens into out: [block rows, n].
     ///
     /// # Safety

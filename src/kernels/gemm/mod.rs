@@ -373,11 +373,7 @@ fn pack_bf16_operand(
     if amx::applies(isa, w, cols) {
         amx::pack_splits(x, cols, n, buf.reuse_u16(3 * cols * n));
         return 3 * cols * n;
-    } else if bf16dot::applies_fp8(isa, w, cols) {
-        // SAFETY: bf16dot::applies_fp8 only on the avx512bf16 level (AVX512-BF16 present).
-        unsafe { bf16dot::pack_bf16_fp8(x, buf.reuse_u16(cols * n)) };
-        return cols * n;
-    } else if bf16dot::applies(isa, w, cols) {
+    } else if bf16dot::applies(isa, w, cols) && !matches!(w, WRef::Fp8 { .. }) {
         // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
         unsafe { bf16dot::pack_bf16(x, buf.reuse_u16(cols * n)) };
         return cols * n;
@@ -436,10 +432,10 @@ impl Job<'_> {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
         #[cfg(target_arch = "x86_64")]
-        if !self.bpack.is_empty() && matches!(self.w, WRef::Fp8 { .. }) {
-            // SAFETY: an fp8 matmul's bpack is filled only when bf16dot::applies_fp8 (AVX-512,
-            // AVX512-BF16 and AVX512-VBMI present), with pack_bf16_fp8.
-            unsafe { self.row_block_bf16dot_fp8(r0, out) };
+        if bf16dot::applies_fp8(self.isa, self.w, cols) {
+            // SAFETY: applies_fp8 holds only on the avx512bf16 level (AVX-512 + AVX512-BF16)
+            // on a CPU with AVX512-VBMI, for fp8 weights with 64-column groups.
+            unsafe { self.row_block_bf16dot_fp8(r0, out, s) };
             return;
         }
         if let WRef::Fp8 {
