@@ -120,7 +120,7 @@ impl SpecGuard {
     /// Drafting's measured rate is far from the keep threshold (either way).
     fn verdict_clear(&self) -> bool {
         let ratio = self.drafting.value / self.plain.value.max(f64::MIN_POSITIVE);
-        ratio > KEEP_RATIO * CLEAR || ratio < KEEP_RATIO / CLEAR
+        !(KEEP_RATIO / CLEAR..=KEEP_RATIO * CLEAR).contains(&ratio)
     }
 
     /// Steps until the next probe starts (tests and traces).

@@ -273,7 +273,8 @@ unsafe fn tile_fp8<const R: usize, const T: usize>(
         for (i, ai) in acc.iter_mut().enumerate() {
             let (wa, wb) =
                 fp8_group_to_bf16(_mm512_loadu_si512(w.add(i * ws + off) as *const _), &t);
-            let (wa, wb): (__m512bh, __m512bh) = (std::mem::transmute(wa), std::mem::transmute(wb));
+            let wa = std::mem::transmute::<__m512i, __m512bh>(wa);
+            let wb = std::mem::transmute::<__m512i, __m512bh>(wb);
             for (j, a) in ai.iter_mut().enumerate() {
                 let xp = x.add(j * xs + off);
                 let xa: __m512bh = std::mem::transmute(_mm512_loadu_si512(xp as *const _));
