@@ -351,7 +351,9 @@ impl Core {
         let adaptive =
             matches!(self.cfg.spec, SpecMode::Adaptive { .. }) && self.proposer.is_some();
         let kind = if adaptive {
-            self.guard.next_step()
+            // the guard judges each batch size on its own rates
+            let n_decode = self.running.iter().filter(|r| r.pending() == 1).count();
+            self.guard.next_step(n_decode)
         } else {
             StepKind::Free
         };

@@ -17,6 +17,12 @@
 //! so that once off it stayed off. Such a step is not timed (the engine decides, `steady`), and
 //! a probe while drafting is off is two drafting steps, the second one timed.
 //!
+//! Rates are kept per batch-size class (decode requests in the step: 1, 2, 3-4, 5-8, 9-16,
+//! 17+), each with its own learning, verdict and probes: a step's tokens per second grow with
+//! its batch, so a drafting rate measured at batch 4 compared with a plain rate measured after
+//! requests finished (batch 2, 1) judged batch composition, not drafting — traced at batch 4 on
+//! the widened target, where drafting that lost was switched back on as the batch drained.
+//!
 //! Where it sits: the engine's step asks it, once per step in adaptive mode, whether this step
 //! may draft (`StepKind`), and feeds it the step's outcome. It never touches verification, so
 //! outputs are unchanged whatever it decides.
@@ -47,9 +53,48 @@ impl Rate {
     }
 }
 
-/// Measured drafting vs plain rates (see the module doc).
+/// Measured drafting vs plain rates per batch-size class (see the module doc).
 #[derive(Clone, Debug, Default)]
 pub struct SpecGuard {
+    classes: [Class; CLASSES],
+    /// The class of the step last asked for (`next_step`), which `observe` reports on.
+    cur: usize,
+}
+
+/// Batch-size classes: 1, 2, 3-4, 5-8, 9-16, 17+ decode requests.
+const CLASSES: usize = 6;
+
+fn class_of(n_decode: usize) -> usize {
+    (usize::BITS - n_decode.max(1).saturating_sub(1).leading_zeros()).min(CLASSES as u32 - 1)
+        as usize
+}
+
+impl SpecGuard {
+    /// Decide the next step's kind for a step with `n_decode` decode requests.
+    pub fn next_step(&mut self, n_decode: usize) -> StepKind {
+        self.cur = class_of(n_decode);
+        self.classes[self.cur].next_step()
+    }
+
+    /// Whether drafting currently measures slower than plain decoding at this batch size.
+    pub fn drafting_loses(&self, n_decode: usize) -> bool {
+        self.classes[class_of(n_decode)].drafting_loses()
+    }
+
+    /// Steps (of this batch size) until its next probe starts (tests and traces).
+    pub fn steps_to_probe(&self, n_decode: usize) -> u64 {
+        self.classes[class_of(n_decode)].steps_to_probe()
+    }
+
+    /// The step last decided committed `tokens` in `secs` (see [`Class::observe`]).
+    pub fn observe(&mut self, drafted: bool, steady: bool, tokens: usize, secs: f64) {
+        self.classes[self.cur].observe(drafted, steady, tokens, secs)
+    }
+}
+
+/// One batch-size class's rates, verdict and probes.
+#[derive(Clone, Debug, Default)]
+struct Class {
     drafting: Rate,
     plain: Rate,
     steps: u64,
@@ -74,13 +119,13 @@ const KEEP_RATIO: f64 = 0.97;
 /// threshold: above KEEP_RATIO x CLEAR or below KEEP_RATIO / CLEAR of the plain rate.
 const CLEAR: f64 = 1.1;
 
-impl SpecGuard {
+impl Class {
     /// Decide the next step's kind.
-    pub fn next_step(&mut self) -> StepKind {
+    fn next_step(&mut self) -> StepKind {
         self.steps += 1;
         if self.plain.samples < MIN_SAMPLES {
             // learn the plain rate early: every 4th step plain
-            return if self.steps % 4 == 0 {
+            return if self.steps.is_multiple_of(4) {
                 StepKind::Plain
             } else {
                 StepKind::Free
@@ -124,12 +169,12 @@ impl SpecGuard {
     }
 
     /// Steps until the next probe starts (tests and traces).
-    pub fn steps_to_probe(&self) -> u64 {
+    fn steps_to_probe(&self) -> u64 {
         self.next_probe.saturating_sub(self.steps)
     }
 
     /// Whether drafting currently measures slower than plain decoding.
-    pub fn drafting_loses(&self) -> bool {
+    fn drafting_loses(&self) -> bool {
         self.plain.samples >= MIN_SAMPLES
             && self.drafting.samples >= MIN_SAMPLES
             && self.drafting.value < KEEP_RATIO * self.plain.value
@@ -139,7 +184,7 @@ impl SpecGuard {
     /// `steady` whether no request that drafted had its drafter catching up on a lag longer
     /// than a verification and a plain step (only steady drafting steps are timed: see the
     /// module doc).
-    pub fn observe(&mut self, drafted: bool, steady: bool, tokens: usize, secs: f64) {
+    fn observe(&mut self, drafted: bool, steady: bool, tokens: usize, secs: f64) {
         if secs <= 0.0 || tokens == 0 || (drafted && !steady) {
             return;
         }
@@ -186,7 +231,7 @@ mod tests {
         let mut drafted_steps = 0;
         let mut last = true;
         for _ in 0..steps {
-            let d = g.next_step() == StepKind::Free;
+            let d = g.next_step(1) == StepKind::Free;
             drafted_steps += usize::from(d);
             let secs = if d {
                 (if last { 1.0 } else { catch_up }) / spec_rate
@@ -203,14 +248,14 @@ mod tests {
     fn drafting_that_loses_is_switched_off_but_probed() {
         let mut g = SpecGuard::default();
         let d = run(&mut g, 400, 50.0, 100.0);
-        assert!(g.drafting_loses());
+        assert!(g.drafting_loses(1));
         assert!(d < 60, "drafted in {d} of 400 steps");
         assert!(d > 10, "still probes: {d}");
         // a clear loser is probed less and less: at most 2 drafting steps per 128 in the long run
         let d = run(&mut g, 2048, 50.0, 100.0);
-        assert!(g.drafting_loses());
+        assert!(g.drafting_loses(1));
         assert!((16..=40).contains(&d), "drafted in {d} of 2048 steps");
-        assert!(g.steps_to_probe() <= PROBE_MAX);
+        assert!(g.steps_to_probe(1) <= PROBE_MAX);
     }
 
     /// A clear winner is probed with plain steps less and less (each costs a drafting step's
@@ -235,13 +280,47 @@ mod tests {
     fn drafting_that_wins_keeps_running_and_recovers() {
         let mut g = SpecGuard::default();
         let d = run(&mut g, 400, 150.0, 100.0);
-        assert!(!g.drafting_loses());
+        assert!(!g.drafting_loses(1));
         assert!(d > 300, "drafted in {d} of 400 steps");
         // the drafter gets slower than plain, then faster again: the guard follows both ways
         run(&mut g, 200, 50.0, 100.0);
-        assert!(g.drafting_loses());
+        assert!(g.drafting_loses(1));
         run(&mut g, 400, 150.0, 100.0);
-        assert!(!g.drafting_loses());
+        assert!(!g.drafting_loses(1));
+    }
+
+    /// Each batch size is judged on its own rates: drafting that loses at batch 4 (where plain
+    /// steps commit 4 tokens in 1.0 time units and drafting ones 4 in 1.6) stays off when the
+    /// batch drains to 1 and 2, whose plain steps are slower per token than batch 4's drafting
+    /// ones (one rate for all sizes switched drafting back on there); drafting that wins at
+    /// batch 1 is on there meanwhile.
+    #[test]
+    fn batch_sizes_are_judged_apart() {
+        let mut g = SpecGuard::default();
+        let mut step = |g: &mut SpecGuard, n: usize, plain_secs: f64, spec_secs: f64| {
+            let d = g.next_step(n) == StepKind::Free;
+            g.observe(d, true, n, if d { spec_secs } else { plain_secs });
+            d
+        };
+        for _ in 0..200 {
+            step(&mut g, 4, 1.0, 1.6);
+        }
+        assert!(g.drafting_loses(4));
+        let mut drafted = 0;
+        for _ in 0..200 {
+            drafted += usize::from(step(&mut g, 2, 0.9, 1.5));
+        }
+        for _ in 0..200 {
+            drafted += usize::from(step(&mut g, 1, 0.8, 0.6));
+        }
+        assert!(g.drafting_loses(4) && g.drafting_loses(2) && !g.drafting_loses(1));
+        // batch 2 learns and then probes only; batch 1 drafts most steps
+        assert!((150..300).contains(&drafted), "drafted {drafted} of 400");
+        assert_eq!(class_of(1), 0);
+        assert_eq!(class_of(2), 1);
+        assert_eq!((class_of(3), class_of(4)), (2, 2));
+        assert_eq!((class_of(5), class_of(8), class_of(9)), (3, 3, 4));
+        assert_eq!((class_of(16), class_of(17), class_of(500)), (4, 5, 5));
     }
 
     /// Catch-up after plain steps is not charged to drafting: a drafter 10 % faster than plain
@@ -251,11 +330,11 @@ mod tests {
     fn catch_up_is_not_charged_to_drafting() {
         let mut g = SpecGuard::default();
         let d = run_with_catch_up(&mut g, 400, 110.0, 100.0, 4.0);
-        assert!(!g.drafting_loses());
+        assert!(!g.drafting_loses(1));
         assert!(d > 300, "drafted in {d} of 400 steps");
         run_with_catch_up(&mut g, 200, 50.0, 100.0, 4.0);
-        assert!(g.drafting_loses());
+        assert!(g.drafting_loses(1));
         run_with_catch_up(&mut g, 400, 110.0, 100.0, 4.0);
-        assert!(!g.drafting_loses(), "the probes saw drafting win again");
+        assert!(!g.drafting_loses(1), "the probes saw drafting win again");
     }
 }
