@@ -151,6 +151,11 @@ impl Core {
         }
     }
 
+    /// Running requests that decode (one pending token) rather than prefill.
+    fn n_decode(&self) -> usize {
+        self.running.iter().filter(|r| r.pending() == 1).count()
+    }
+
     /// Whether the drafter runs a model (draft model, MTP layer): it is timed, and it catches up.
     fn drafter_has_model(&self) -> bool {
         self.proposer.as_ref().is_some_and(|p| p.has_model())
@@ -179,12 +184,7 @@ impl Core {
         self.running.sort_by_key(|r| r.admitted_seq);
         let mut budget = self.cfg.max_batch_tokens.max(1);
         let mut plan: Vec<Planned> = Vec::new();
-        let n_decode = self
-            .running
-            .iter()
-            .filter(|r| r.pending() == 1)
-            .count()
-            .max(1);
+        let n_decode = self.n_decode().max(1);
         // After a contained panic: one suspect at a time, alone (`engine::contain`).
         let isolating = self.isolating();
         // An uninformed adaptive policy explores with one request only: exploring is k_max
@@ -352,8 +352,7 @@ impl Core {
             matches!(self.cfg.spec, SpecMode::Adaptive { .. }) && self.proposer.is_some();
         let kind = if adaptive {
             // the guard judges each batch size on its own rates
-            let n_decode = self.running.iter().filter(|r| r.pending() == 1).count();
-            self.guard.next_step(n_decode)
+            self.guard.next_step(self.n_decode())
         } else {
             StepKind::Free
         };

@@ -54,10 +54,9 @@ pub(super) const FP8_GROUP: usize = 64;
 /// tokens; above, a row tile is converted once per token block into a bf16 panel.
 const FP8_REGISTER_TOKENS: usize = 4;
 
-/// Whether a matmul of these weights runs on this path at this ISA.
+/// Whether a bf16 matmul of these weights runs on this path at this ISA.
 pub(super) fn applies(isa: crate::kernels::Isa, w: WRef<'_>, cols: usize) -> bool {
     isa.bf16_dot() && matches!(w, WRef::Bf16(_)) && cols > 0 && cols.is_multiple_of(K_CHUNK)
-        || applies_fp8(isa, w, cols)
 }
 
 /// Whether an fp8 matmul runs on this path: the level, AVX512-VBMI (the byte lookups), and
@@ -219,6 +218,42 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
 }
 
+/// The token tiles [tb0, tb1) of one row tile (`m` rows, 4 or 1, from `w` with row stride
+/// `cols`; x: the packed tokens, `out`: the tile's first output, row stride `n`): one `tile` per
+/// NT tokens; the first of them prefetches `pf_rows` rows from `pf` (0: none).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn token_tiles(
+    w: *const u16,
+    m: usize,
+    cols: usize,
+    x: *const u16,
+    (tb0, tb1): (usize, usize),
+    out: *mut f32,
+    n: usize,
+    pf: *const u16,
+    pf_rows: usize,
+) {
+    let nk = cols / K_CHUNK;
+    let mut t0 = tb0;
+    while t0 < tb1 {
+        let nt = NT.min(tb1 - t0);
+        let pf_rows = if t0 == tb0 { pf_rows } else { 0 };
+        let (xp, op) = (x.add(t0 * cols), out.add(t0));
+        macro_rules! go {
+            ($($r:literal, $t:literal);*) => {
+                match (m, nt) {
+                    $(($r, $t) => tile::<$r, $t>(w, cols, xp, cols, nk, op, n, pf, pf_rows),)*
+                    _ => unreachable!("bf16-dot tile {m}x{nt}"),
+                }
+            };
+        }
+        go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
+        t0 += nt;
+    }
+}
+
 /// The 16 bf16 words of one 64-byte fp8 group `b` (any bytes; e4m3fn), as two registers in
 /// [`FP8_ORDER`]: the low unpack and the high unpack.
 #[inline]
@@ -367,7 +402,7 @@ impl Job<'_> {
         };
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
-        let (ng, nk) = (cols / FP8_GROUP, cols / K_CHUNK);
+        let ng = cols / FP8_GROUP;
         let ncb = cols.div_ceil(block_cols);
         let o = out.as_mut_ptr();
         let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
@@ -424,23 +459,8 @@ impl Job<'_> {
                     // the first token block streams the next rows in while converting
                     let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
                     convert_fp8_rows(w, cols, m, panel, w.add(m * cols), pf_rows);
-                    let mut t0 = tb0;
-                    while t0 < tb1 {
-                        let nt = NT.min(tb1 - t0);
-                        let xp = x.add(t0 * cols);
-                        let op = o.add(i0 * n + t0);
-                        let none = std::ptr::null();
-                        macro_rules! go {
-                            ($($r:literal, $t:literal);*) => {
-                                match (m, nt) {
-                                    $(($r, $t) => tile::<$r, $t>(panel, cols, xp, cols, nk, op, n, none, 0),)*
-                                    _ => unreachable!("fp8 bf16-dot tile {m}x{nt}"),
-                                }
-                            };
-                        }
-                        go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
-                        t0 += nt;
-                    }
+                    let none = std::ptr::null();
+                    token_tiles(panel, m, cols, x, (tb0, tb1), o.add(i0 * n), n, none, 0);
                     i0 += m;
                 }
             }
@@ -489,25 +509,10 @@ impl Job<'_> {
             while i0 < nrows {
                 let m = if nrows - i0 >= MR { MR } else { 1 };
                 let w = w0.add(i0 * cols);
-                let mut t0 = tb0;
-                while t0 < tb1 {
-                    let nt = NT.min(tb1 - t0);
-                    // the first token tile of the first block streams the next rows in
-                    let pf_rows = if t0 == 0 { left(i0 + m).min(m) } else { 0 };
-                    let pf = w.add(m * cols);
-                    let xp = x.add(t0 * cols);
-                    let op = o.add(i0 * n + t0);
-                    macro_rules! go {
-                        ($($r:literal, $t:literal);*) => {
-                            match (m, nt) {
-                                $(($r, $t) => tile::<$r, $t>(w, cols, xp, cols, nk, op, n, pf, pf_rows),)*
-                                _ => unreachable!("bf16-dot tile {m}x{nt}"),
-                            }
-                        };
-                    }
-                    go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
-                    t0 += nt;
-                }
+                // the first token tile of the first block streams the next rows in
+                let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
+                let op = o.add(i0 * n);
+                token_tiles(w, m, cols, x, (tb0, tb1), op, n, w.add(m * cols), pf_rows);
                 i0 += m;
             }
         }

@@ -207,11 +207,11 @@ fn check_fp8_shape(w: WRef<'_>, rows: usize, cols: usize) {
 /// Whether matmuls of `w` run on the `vdpbf16ps` path (bf16-rounded activations) at `isa`: the
 /// `avx512bf16` level's bf16 weights with columns a multiple of 32, fp8 with columns and block
 /// columns a multiple of 64 (and AVX512-VBMI). Tests use it to pick their bound.
-#[allow(dead_code)]
+#[cfg(test)]
 pub(crate) fn takes_bf16_dot(isa: Isa, w: WRef<'_>, cols: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        bf16dot::applies(isa, w, cols)
+        bf16dot::applies(isa, w, cols) || bf16dot::applies_fp8(isa, w, cols)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -373,7 +373,7 @@ fn pack_bf16_operand(
     if amx::applies(isa, w, cols) {
         amx::pack_splits(x, cols, n, buf.reuse_u16(3 * cols * n));
         return 3 * cols * n;
-    } else if bf16dot::applies(isa, w, cols) && !matches!(w, WRef::Fp8 { .. }) {
+    } else if bf16dot::applies(isa, w, cols) {
         // SAFETY: bf16dot::applies only on the avx512bf16 level (AVX512-BF16 present).
         unsafe { bf16dot::pack_bf16(x, buf.reuse_u16(cols * n)) };
         return cols * n;
