@@ -290,6 +290,14 @@ impl Stepped {
             .filter(|&&id| self.e.request_counters(id).is_ok_and(|c| c.draft_steps > 0))
             .count()
     }
+    /// Drafting steps of all requests so far.
+    fn draft_steps(&self) -> u64 {
+        self.ids
+            .iter()
+            .filter_map(|&id| self.e.request_counters(id).ok())
+            .map(|c| c.draft_steps)
+            .sum()
+    }
     /// Step until every request has committed its first token (the prompts are prefilled),
     /// checking `each` after every step.
     fn prefill(&mut self, mut each: impl FnMut(&Self)) {
@@ -322,7 +330,8 @@ impl Stepped {
 /// Adaptive mode explores with one request at a time: until the policy has its cost fits (and a
 /// measured catch-up cost), at most one request per step starts drafting, because a drafter's
 /// first round for a request runs it over the whole prompt (for sixteen requests at once that
-/// was ~9 plain steps on the widened target). The outputs stay those of plain decoding.
+/// was ~9 plain steps on the widened target), and the step after the first exploring step is
+/// plain (the target's cost at a second token count). The outputs stay those of plain decoding.
 #[test]
 fn adaptive_mode_explores_with_one_request_at_a_time() {
     let (reqs, plain, mut s) = stepped(4, DraftSource::Mtp, SpecMode::Adaptive { k_max: 4 });
@@ -340,12 +349,17 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
         1,
         "exactly one request explores the first decode step"
     );
+    // the next step drafts nothing: the target's step cost has been seen at one token count
+    // (the explorer's verification) and a plain step gives the second, the cost of a verified
+    // token, before the policy chooses k for everyone
+    let drafted = s.draft_steps();
     s.step();
     assert_eq!(
-        s.drafting(),
-        1,
-        "still one explorer while the draft cost is unmeasured"
+        s.draft_steps(),
+        drafted,
+        "the step after the first exploring step is plain"
     );
+    assert_eq!(s.drafting(), 1, "still one request has drafted");
     let got = s.finish();
     assert_same("adaptive mtp, one explorer", &plain, &got, &reqs);
 }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
-use crate::spec::policy::{catch_up_pays, choose_k_rates, LinearCost};
+use crate::spec::policy::{catch_up_pays, choose_k_rates, Lengths, LinearCost};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
@@ -57,6 +57,13 @@ pub(crate) struct Core {
     /// Measured drafter catch-up seconds per position (rounds in which requests started
     /// drafting after a lag): what starting a request costs the adaptive policy.
     pub catch_up_s_per_row: Option<f64>,
+    /// Whether the last step had drafts (the uninformed policy's explorer, see `schedule`).
+    pub drafted_last_step: bool,
+    /// This step's drafter catch-up, priced when the step ends: (positions caught up on,
+    /// drafter seconds).
+    pub catch_up_round: Option<(usize, f64)>,
+    /// Generated lengths of recently finished requests: the horizon a catch-up must pay back in.
+    pub lengths: Lengths,
     pub eos: Vec<u32>,
     pub steps: u64,
     pub time_target_s: f64,
@@ -164,7 +171,7 @@ impl Core {
     /// Whether the adaptive policy has both cost fits (target step; draft step for a drafter
     /// with a model). Before that it explores with one request (see `schedule`).
     fn policy_informed(&self) -> bool {
-        self.target_cost.fit().is_some()
+        self.target_cost.has_slope()
             && (self.draft_cost.fit().is_some() || !self.drafter_has_model())
     }
 
@@ -193,14 +200,29 @@ impl Core {
         // when every request explored at once.
         // Likewise, while the catch-up cost per position is unmeasured, one request per step
         // may start drafting from a long lag; after that the policy only starts one whose
-        // catch-up its predicted saving pays back (`policy::catch_up_pays`).
+        // catch-up its predicted saving pays back over the tokens it is still expected to
+        // generate (`policy::catch_up_pays`, `policy::Lengths`), and a step starts catch-ups
+        // worth at most one plain step (at least one request): the first informed step at
+        // batch 16 let four requests start MTP drafting at once (123 ms against a 33 ms plain
+        // step) on a saving the next steps did not confirm.
         let adaptive = matches!(self.cfg.spec, SpecMode::Adaptive { .. });
+        // Informed means the target's cost has been seen at two token counts: after a first
+        // exploring step it has one (a verification), and the fit then calls extra tokens
+        // free, so the next step drafts nothing and gives the second (a plain step) — at batch
+        // 16 on the widened MoE target a verified token costs as much as a decoded one, which
+        // the optimistic one-point fit hid until two or three requests had drafted.
         let mut explorers = if adaptive && !self.policy_informed() {
-            1
+            if self.drafted_last_step && !self.target_cost.has_slope() {
+                0
+            } else {
+                1
+            }
         } else {
             usize::MAX
         };
         let mut blind_starts = 1usize;
+        let mut catch_up_left = self.target_cost.predict(n_decode).unwrap_or(0.0);
+        let mut catch_up_starts = 0usize;
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 || (isolating && !plan.is_empty()) {
@@ -216,14 +238,22 @@ impl Core {
                 let lag = r.drafter_lag();
                 let starting = adaptive && self.catching_up(r);
                 let blind = starting && self.catch_up_s_per_row.is_none();
+                let catch_up_cost = lag as f64 * self.catch_up_s_per_row.unwrap_or(0.0);
                 let spec_on = self.proposer.is_some()
                     && r.speculate
                     && kind == StepKind::Free
                     && explorers > 0
-                    && (!blind || blind_starts > 0);
+                    && (!blind || blind_starts > 0)
+                    && (!starting
+                        || blind
+                        || catch_up_starts == 0
+                        || catch_up_cost <= catch_up_left);
                 let (k, c, s) = if spec_on {
                     let catch_up = match self.catch_up_s_per_row {
-                        Some(per_row) if starting => Some((lag, per_row)),
+                        Some(per_row) if starting => {
+                            let left = r.params.max_tokens.saturating_sub(r.generated());
+                            Some((lag, per_row, self.lengths.horizon(r.generated(), left)))
+                        }
                         _ => None,
                     };
                     choose_drafts(
@@ -245,6 +275,9 @@ impl Core {
                     }
                     if blind {
                         blind_starts -= 1;
+                    } else if starting {
+                        catch_up_left -= catch_up_cost;
+                        catch_up_starts += 1;
                     }
                 }
                 (1, true, k, c, s)
@@ -348,6 +381,7 @@ impl Core {
     pub fn step(&mut self) -> Result<Vec<Event>> {
         self.steps += 1;
         let t_step = Instant::now();
+        self.catch_up_round = None;
         let adaptive =
             matches!(self.cfg.spec, SpecMode::Adaptive { .. }) && self.proposer.is_some();
         let kind = if adaptive {
@@ -382,6 +416,7 @@ impl Core {
                 r.drafted_at = Some(r.tokens.len());
             }
         }
+        self.drafted_last_step = proposals.iter().any(|p| !p.tokens.is_empty());
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
         self.hand_hidden(&plan, &inputs, &out.hidden);
@@ -406,6 +441,22 @@ impl Core {
                 self.guard
                     .observe(drafted, steady && informed, committed, secs);
             }
+        }
+        if let Some((rows, draft_secs)) = self.catch_up_round.take() {
+            // What starting cost beyond a plain step of this batch: the drafter's catch-up, its
+            // drafts and their verification (a decode-only step; else the drafter's time only).
+            // The drafter's time alone leaves out the verification of the drafts, which at batch
+            // 16 on the widened MoE target costs about what a decoded token does.
+            let secs = t_step.elapsed().as_secs_f64();
+            let plain = match self.target_cost.predict(plan.len()) {
+                Some(p) if decode_only => p,
+                _ => secs,
+            };
+            let x = (secs - plain).max(draft_secs) / rows as f64;
+            self.catch_up_s_per_row = Some(match self.catch_up_s_per_row {
+                Some(v) => 0.7 * v + 0.3 * x,
+                None => x,
+            });
         }
         let events = self.collect_events();
         let gen = self.draft_generation;
@@ -478,18 +529,14 @@ impl Core {
                 .max(1);
             let toks: usize = props.iter().map(|p| p.tokens.len()).sum();
             if !steady {
-                // a round with catch-up: its cost per position caught up on (drafting included,
-                // so a slight overestimate) prices the next requests that start drafting
+                // a round with catch-up: priced per position caught up on once the step ends
+                // (`step`), for the next requests that start drafting
                 let rows: usize = asks
                     .iter()
                     .map(|&j| self.running[plan[j].idx].drafter_lag())
                     .sum();
                 if rows > 0 {
-                    let x = secs / rows as f64;
-                    self.catch_up_s_per_row = Some(match self.catch_up_s_per_row {
-                        Some(v) => 0.7 * v + 0.3 * x,
-                        None => x,
-                    });
+                    self.catch_up_round = Some((rows, secs));
                 }
             }
             if toks > 0 && steady {
@@ -801,6 +848,12 @@ impl Core {
         if let Some(p) = self.guarded.as_mut().and_then(|g| g.prev.as_mut()) {
             p.release(r.id);
         }
+        if matches!(
+            r.finished,
+            Some(FinishReason::Stop | FinishReason::StopString | FinishReason::Length)
+        ) {
+            self.lengths.record(r.generated());
+        }
         self.finished_totals.add(&r.counters);
         account(&mut self.metrics, self.draft_generation, arm, r);
         if let (Some(a), Some(b)) = (r.first_token_at, r.last_token_at) {
@@ -855,7 +908,7 @@ fn choose_drafts(
     n_decode: usize,
     drafter_alpha: f64,
     pos_alpha: &[f64],
-    catch_up: Option<(usize, f64)>,
+    catch_up: Option<(usize, f64, usize)>,
 ) -> (usize, Vec<u32>, usize) {
     // the engine's per-position profile, scaled by how this request's acceptance compares
     // with the drafter's (once the request has its own estimate)
@@ -870,14 +923,8 @@ fn choose_drafts(
         SpecMode::Adaptive { k_max } => {
             let (k, saved) = choose_k_rates(&c, k_max, n_decode, target, draft);
             match (catch_up, saved) {
-                (Some((lag, per_row)), Some(saved))
-                    if !catch_up_pays(
-                        lag,
-                        per_row,
-                        saved,
-                        r.generated(),
-                        r.params.max_tokens.saturating_sub(r.generated()),
-                    ) =>
+                (Some((lag, per_row, horizon)), Some(saved))
+                    if !catch_up_pays(lag, per_row, saved, horizon) =>
                 {
                     0
                 }

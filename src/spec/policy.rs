@@ -61,6 +61,11 @@ impl LinearCost {
         }
         Some((base, slope))
     }
+    /// Whether observations at two or more token counts have been seen (until then [`Self::fit`]
+    /// puts all the time in the fixed part: tokens look free).
+    pub fn has_slope(&self) -> bool {
+        self.n >= 1.0 && self.sxx / self.n - (self.sx / self.n).powi(2) > 1e-9
+    }
     pub fn predict(&self, tokens: usize) -> Option<f64> {
         self.fit().map(|(b, s)| b + s * tokens as f64)
     }
@@ -151,17 +156,62 @@ pub fn choose_k_rates(
 /// Whether a request whose drafter must first catch up on `lag` positions (its whole context
 /// when it never drafted) should start drafting: the catch-up, `secs_per_row` each, must be
 /// paid back by the predicted saving per committed token (`saved`, from [`choose_k_rates`])
-/// over the tokens it is still expected to generate — at most `left`, and, not knowing its
-/// length, as many as it has generated so far (at least 32).
-pub fn catch_up_pays(
-    lag: usize,
-    secs_per_row: f64,
-    saved: f64,
-    generated: usize,
-    left: usize,
-) -> bool {
-    let horizon = generated.max(32).min(left) as f64;
-    saved * horizon >= secs_per_row * lag as f64
+/// over the tokens it is still expected to generate (`horizon`, from [`Lengths::horizon`]).
+pub fn catch_up_pays(lag: usize, secs_per_row: f64, saved: f64, horizon: usize) -> bool {
+    saved * horizon as f64 >= secs_per_row * lag as f64
+}
+
+/// Generated lengths of the engine's recently finished requests: how many more tokens a
+/// running request can be expected to generate, the horizon over which a drafter's catch-up
+/// must pay back. Without that record the guess was "as many as it has generated so far",
+/// which at the tail of a batch (every other request finished, the last ones near their end)
+/// started catch-ups over 75 positions for requests that had 8 tokens left — traced on the
+/// widened target at batch 16 with the MTP drafter, where those catch-ups cost 3x a step each.
+#[derive(Clone, Debug, Default)]
+pub struct Lengths {
+    recent: std::collections::VecDeque<usize>,
+}
+
+impl Lengths {
+    /// Finished requests remembered (the oldest is forgotten first).
+    const KEEP: usize = 64;
+    /// Finished requests that must have outlived `generated` for their median to be used.
+    const SURVIVORS: usize = 4;
+    /// With at least this many finished and fewer than [`Self::SURVIVORS`] longer than the
+    /// request, it is in a tail the engine has rarely seen: expect [`Self::TAIL`] more tokens.
+    const SEEN: usize = 8;
+    const TAIL: usize = 8;
+
+    /// A request finished naturally after generating `n` tokens.
+    pub fn record(&mut self, n: usize) {
+        if self.recent.len() == Self::KEEP {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(n);
+    }
+
+    /// Tokens a request that has generated `generated` (and may generate `left` more) is still
+    /// expected to generate: the median remaining length of the recently finished requests
+    /// that got past `generated` (at least 4 of them); [`Self::TAIL`] when at least 8 finished
+    /// and fewer than 4 got past it; with less history, as many as it has generated so far
+    /// (at least 32). Never more than `left`.
+    pub fn horizon(&self, generated: usize, left: usize) -> usize {
+        let mut more: Vec<usize> = self
+            .recent
+            .iter()
+            .filter(|&&n| n > generated)
+            .map(|&n| n - generated)
+            .collect();
+        let h = if more.len() >= Self::SURVIVORS {
+            more.sort_unstable();
+            more[more.len() / 2]
+        } else if self.recent.len() >= Self::SEEN {
+            Self::TAIL
+        } else {
+            generated.max(32)
+        };
+        h.min(left)
+    }
 }
 
 #[cfg(test)]
@@ -224,6 +274,19 @@ mod tests {
     }
 
     #[test]
+    fn one_token_count_has_no_slope() {
+        let mut c = LinearCost::default();
+        assert!(!c.has_slope());
+        c.observe(20, 0.045);
+        c.observe(20, 0.047);
+        assert!(!c.has_slope());
+        assert_eq!(c.fit().unwrap().1, 0.0);
+        c.observe(16, 0.033);
+        assert!(c.has_slope());
+        assert!(c.fit().unwrap().1 > 0.0);
+    }
+
+    #[test]
     fn a_negative_intercept_refits_through_the_origin() {
         // many steps of 16 tokens at 45 ms and one of 17 at 90 ms: the free line has a large
         // negative base; constrained to base 0 it must still predict ~45 ms at 16 tokens
@@ -246,14 +309,48 @@ mod tests {
         let saved = saved.unwrap();
         assert!(k >= 3 && saved > 0.0);
         // a short context pays back quickly; a long one does not in 32 tokens, but does later
-        assert!(catch_up_pays(50, 1e-4, saved, 0, 200));
-        assert!(!catch_up_pays(1_000_000, 1e-4, saved, 0, 200));
-        assert!(!catch_up_pays(20_000, 1e-4, saved, 10, 200));
-        assert!(catch_up_pays(20_000, 1e-4, saved, 10_000, 200_000));
+        let fresh = Lengths::default();
+        assert!(catch_up_pays(50, 1e-4, saved, fresh.horizon(0, 200)));
+        assert!(!catch_up_pays(
+            1_000_000,
+            1e-4,
+            saved,
+            fresh.horizon(0, 200)
+        ));
+        assert!(!catch_up_pays(20_000, 1e-4, saved, fresh.horizon(10, 200)));
+        assert!(catch_up_pays(
+            20_000,
+            1e-4,
+            saved,
+            fresh.horizon(10_000, 200_000)
+        ));
         // nothing saved (k = 0 is best): never worth a catch-up
         let (k0, s0) = choose_k_rates(&[0.0], 8, 1, &target, &draft);
         assert_eq!((k0, s0), (0, Some(0.0)));
-        assert!(!catch_up_pays(10, 1e-4, 0.0, 100, 100));
+        assert!(!catch_up_pays(10, 1e-4, 0.0, 100));
+    }
+
+    #[test]
+    fn horizon_follows_finished_lengths() {
+        let mut l = Lengths::default();
+        // no history: as many as generated so far (at least 32), capped by max_tokens
+        assert_eq!(l.horizon(0, 256), 32);
+        assert_eq!(l.horizon(100, 256), 100);
+        assert_eq!(l.horizon(100, 40), 40);
+        for n in [40, 50, 60, 70, 80, 90, 100, 110] {
+            l.record(n);
+        }
+        // the median remaining length of those that got past it
+        assert_eq!(l.horizon(0, 256), 80); // 40..110: remaining of the 5th of 8 sorted
+        assert_eq!(l.horizon(65, 256), 25); // 70..110 -> 5, 15, 25, 35, 45: median 25
+                                            // past all but three of eight finished requests: the tail guess
+        assert_eq!(l.horizon(85, 256), Lengths::TAIL);
+        assert_eq!(l.horizon(200, 256), Lengths::TAIL);
+        // only the last 64 count
+        for _ in 0..64 {
+            l.record(1000);
+        }
+        assert_eq!(l.horizon(200, 2000), 800);
     }
 
     #[test]
