@@ -95,8 +95,9 @@ pub struct GenerateArgs {
     /// V3.2 index-key cache dtype (auto = the target's KV dtype): f32, bf16, f16, fp8_e4m3.
     #[arg(long, default_value = "auto")]
     pub index_kv_dtype: String,
-    /// Kernel instruction set: auto (the best this CPU has, never an opt-in level), portable, avx2,
-    /// avx512; opt-in: avx512bf16 (bf16 matmuls by vdpbf16ps, activations rounded to bf16), amx.
+    /// Kernel instruction set: auto (the fastest this CPU has: avx512bf16 where present — bf16
+    /// matmuls by vdpbf16ps, activations rounded to bf16), exact (the best level bitwise equal to
+    /// portable: f32 results), portable, avx2, avx512, avx512bf16; opt-in only: amx.
     #[arg(long, default_value = "auto")]
     pub isa: String,
     /// Device of the target's forward: cpu, cuda or cuda:N (the CUDA backend: V2 / V3 targets,

@@ -65,8 +65,9 @@ pub struct BenchArgs {
     /// answer, natural_thinking_tokens). Missing file: random token-id prompts.
     #[arg(long, default_value = "models/workload/prompts.jsonl")]
     pub workload: PathBuf,
-    /// Kernel instruction set: auto (the best this CPU has, never an opt-in level), portable, avx2,
-    /// avx512; opt-in: avx512bf16 (bf16 matmuls by vdpbf16ps, activations rounded to bf16), amx.
+    /// Kernel instruction set: auto (the fastest this CPU has: avx512bf16 where present — bf16
+    /// matmuls by vdpbf16ps, activations rounded to bf16), exact (the best level bitwise equal to
+    /// portable: f32 results), portable, avx2, avx512, avx512bf16; opt-in only: amx.
     #[arg(long, default_value = "auto")]
     pub isa: String,
     /// Weight prefetch hint of the streaming kernels: auto (L2 on AMD, L1 elsewhere), l1, l2.

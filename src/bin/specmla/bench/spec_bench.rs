@@ -488,12 +488,18 @@ fn run_target(
                     // --paired R: R more (plain, this run) pairs back to back; the median of the
                     // pairs' ratios compares runs taken in the same host phase.
                     let mut paired = Vec::new();
+                    // every plain run of this row: their slowest over their fastest is the host's
+                    // run-to-run noise (an A/A ratio) next to which the speedups are read
+                    let mut plain_seen = plain_rates.clone();
                     for _ in 0..a.paired {
                         let p = run_plain()?;
                         let q = run_spec()?;
                         all_identical &= q.tokens == plain.tokens && p.tokens == plain.tokens;
                         paired.push(q.tps() / p.tps());
+                        plain_seen.push(p.tps());
                     }
+                    let (slowest, fastest) = super::min_max(&plain_seen);
+                    let plain_aa = slowest / fastest.max(1e-12);
                     let paired_median =
                         (!paired.is_empty()).then(|| super::percentile(&paired, 50.0));
                     let acc = spec.acceptance();
@@ -565,6 +571,7 @@ fn run_target(
                             }
                             None => "-".into(),
                         },
+                        format!("{plain_aa:.2}"),
                     ]);
                     runs_json.push(json!({
                         "target": tname, "drafter": d.name, "k": kname, "batch": b, "budget": bname,
@@ -572,6 +579,7 @@ fn run_target(
                         "acceptance": acc, "acceptance_per_position": spec.per_position(),
                         "mean_acceptance_length": spec.stats.mean_acceptance_length,
                         "identical": identical, "cost_ratio_step_over_plain": cost,
+                        "plain_aa_ratio": plain_aa,
                         "bytes_ratio_step_over_plain": bytes_ratio, "roofline_speedup": roof,
                         "measured_over_roofline": speedup / roof,
                         "decode_speedup": dec_speedup, "decode_roofline_speedup": dec_roof,
@@ -620,6 +628,7 @@ fn run_target(
             "draft ms/tok / step ms",
             "identical",
             "paired speedup",
+            "plain A/A",
         ],
         &rows,
     );
@@ -638,6 +647,7 @@ fn run_target(
             a.paired
         );
     }
+    text += "plain A/A = the row's slowest plain run over its fastest (the same work): the host's run-to-run noise;\n  a speedup closer to 1 than that is not resolved by these runs.\n";
     Ok((text, runs_json, all_identical))
 }
 
