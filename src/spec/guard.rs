@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn batch_sizes_are_judged_apart() {
         let mut g = SpecGuard::default();
-        let mut step = |g: &mut SpecGuard, n: usize, plain_secs: f64, spec_secs: f64| {
+        let step = |g: &mut SpecGuard, n: usize, plain_secs: f64, spec_secs: f64| {
             let d = g.next_step(n) == StepKind::Free;
             g.observe(d, true, n, if d { spec_secs } else { plain_secs });
             d
