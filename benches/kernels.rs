@@ -98,6 +98,15 @@ fn main() {
     if std::env::args().any(|a| a == "smalln-wide") {
         return small_n(1536, 6144, 8);
     }
+    if std::env::args().any(|a| a == "smalln-experts") {
+        // the widened target's routed experts: 768 x 1536 (gate / up) and their down projections
+        small_n(768, 1536, 64);
+        return small_n(1536, 768, 64);
+    }
+    if std::env::args().any(|a| a == "smalln-dense") {
+        // a dense MLP's down projection over 12288 columns (the widened target's layer 0)
+        return small_n(1536, 12288, 4);
+    }
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
     }
@@ -291,7 +300,9 @@ fn l2_probe() {
 /// 1536x1536 bf16 matrices (expert-sized, 144 MiB in all, so DRAM-resident) at n = 1..16 tokens,
 /// per ISA level, 2 threads: time per walk relative to n = 1 (1.0 = the weights are read once
 /// and the extra tokens are free). `smalln-wide`: 8 matrices of 1536x6144 (down projections of
-/// a wide MLP; 144 MiB).
+/// a wide MLP; 144 MiB). `smalln-experts`: 64 routed-expert matrices of the widened target
+/// (768x1536, then 1536x768; 144 MiB each walk). `smalln-dense`: 4 of its layer-0 down projection
+/// (1536x12288; 144 MiB).
 fn small_n(rows: usize, cols: usize, count: u64) {
     let ws: Vec<Matrix> = (0..count)
         .map(|e| bf16_matrix(200 + e, rows, cols))
