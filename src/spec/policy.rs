@@ -48,7 +48,7 @@ impl LinearCost {
         }
         let mx = self.sx / self.n;
         let my = self.sy / self.n;
-        let var = self.sxx / self.n - mx * mx;
+        let var = self.x_variance();
         if var <= 1e-9 {
             // one x value seen: attribute the time to the fixed part
             return Some((my.max(0.0), 0.0));
@@ -64,7 +64,12 @@ impl LinearCost {
     /// Whether observations at two or more token counts have been seen (until then [`Self::fit`]
     /// puts all the time in the fixed part: tokens look free).
     pub fn has_slope(&self) -> bool {
-        self.n >= 1.0 && self.sxx / self.n - (self.sx / self.n).powi(2) > 1e-9
+        self.n >= 1.0 && self.x_variance() > 1e-9
+    }
+    /// Variance of the observed token counts (weighted like the fit; needs n >= 1).
+    fn x_variance(&self) -> f64 {
+        let mx = self.sx / self.n;
+        self.sxx / self.n - mx * mx
     }
     pub fn predict(&self, tokens: usize) -> Option<f64> {
         self.fit().map(|(b, s)| b + s * tokens as f64)
