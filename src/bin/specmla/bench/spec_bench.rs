@@ -167,6 +167,15 @@ impl Run {
         let d = &self.stats.decode;
         d.committed_tokens as f64 / d.seconds.max(1e-12)
     }
+    /// Generated tokens per engine step.
+    fn tokens_per_step(&self) -> f64 {
+        self.generated() as f64 / self.stats.steps.max(1) as f64
+    }
+    /// Committed tokens per decode-only step.
+    fn decode_tokens_per_step(&self) -> f64 {
+        let d = &self.stats.decode;
+        d.committed_tokens as f64 / d.steps.max(1) as f64
+    }
     /// Target weight bytes per decode-only step.
     fn decode_step_bytes(&self) -> f64 {
         let d = &self.stats.decode;
@@ -521,8 +530,7 @@ fn run_target(
                     // undercounts at high acceptance and large k: 6.4 instead of 8.3 tokens for the
                     // draft at k = 8 and 91 %, which had read as meas/roof ~1.0.) Steps without
                     // drafts (adaptive) count as one token each, so mixed k needs no correction.
-                    let per_step = |r: &Run| r.generated() as f64 / r.stats.steps.max(1) as f64;
-                    let tokens_ratio = per_step(&spec) / per_step(&plain).max(1e-12);
+                    let tokens_ratio = spec.tokens_per_step() / plain.tokens_per_step().max(1e-12);
                     let roof = tokens_ratio / bytes_ratio.max(1e-9);
                     let cost = spec.step_cost() / plain.step_cost();
                     // The same over decode-only steps: measured committed tokens/s of those
@@ -534,10 +542,8 @@ fn run_target(
                     let dec_bytes_ratio = (spec.decode_step_bytes()
                         + spec.stats.totals.drafted_tokens as f64 / dsteps * d.step_bytes)
                         / plain.decode_step_bytes().max(1.0);
-                    let dec_per_step = |r: &Run| {
-                        r.stats.decode.committed_tokens as f64 / r.stats.decode.steps.max(1) as f64
-                    };
-                    let dec_tokens_ratio = dec_per_step(&spec) / dec_per_step(&plain).max(1e-12);
+                    let dec_tokens_ratio =
+                        spec.decode_tokens_per_step() / plain.decode_tokens_per_step().max(1e-12);
                     let dec_roof = dec_tokens_ratio / dec_bytes_ratio.max(1e-9);
                     // What this acceptance would give on a 61-layer DeepSeek-V3 with its one MTP
                     // layer (a draft step = 1/61 of a target step, a verification reading what
