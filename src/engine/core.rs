@@ -15,7 +15,9 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::sampling::log_softmax;
-use crate::spec::policy::{catch_up_pays, choose_k_rates, Lengths, LinearCost};
+use crate::spec::policy::{
+    catch_up_pays, choose_k_rates, CatchUpBudget, Lengths, LinearCost, Start,
+};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
@@ -220,9 +222,7 @@ impl Core {
         } else {
             usize::MAX
         };
-        let mut blind_starts = 1usize;
-        let mut catch_up_left = self.target_cost.predict(n_decode).unwrap_or(0.0);
-        let mut catch_up_starts = 0usize;
+        let mut catch_ups = CatchUpBudget::new(self.target_cost.predict(n_decode).unwrap_or(0.0));
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 || (isolating && !plan.is_empty()) {
@@ -236,36 +236,33 @@ impl Core {
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
                 let r = &self.running[i];
                 let lag = r.drafter_lag();
-                let starting = adaptive && self.catching_up(r);
-                let blind = starting && self.catch_up_s_per_row.is_none();
-                let catch_up_cost = lag as f64 * self.catch_up_s_per_row.unwrap_or(0.0);
+                let start = match self.catch_up_s_per_row {
+                    _ if !(adaptive && self.catching_up(r)) => Start::Steady,
+                    None => Start::Blind,
+                    Some(per_row) => Start::Priced(lag as f64 * per_row),
+                };
                 let spec_on = self.proposer.is_some()
                     && r.speculate
                     && kind == StepKind::Free
                     && explorers > 0
-                    && (!blind || blind_starts > 0)
-                    && (!starting
-                        || blind
-                        || catch_up_starts == 0
-                        || catch_up_cost <= catch_up_left);
+                    && catch_ups.admits(start);
                 let (k, c, s) = if spec_on {
-                    let catch_up = match self.catch_up_s_per_row {
-                        Some(per_row) if starting => {
+                    let catch_up = match (self.catch_up_s_per_row, start) {
+                        (Some(per_row), Start::Priced(_)) => {
                             let left = r.params.max_tokens.saturating_sub(r.generated());
                             Some((lag, per_row, self.lengths.horizon(r.generated(), left)))
                         }
                         _ => None,
                     };
-                    choose_drafts(
-                        self.cfg.spec,
-                        &self.target_cost,
-                        &self.draft_cost,
-                        r,
+                    let ctx = DraftContext {
+                        spec: self.cfg.spec,
+                        target: &self.target_cost,
+                        draft: &self.draft_cost,
                         n_decode,
-                        self.drafter_alpha,
-                        &self.pos_alpha,
-                        catch_up,
-                    )
+                        drafter_alpha: self.drafter_alpha,
+                        pos_alpha: &self.pos_alpha,
+                    };
+                    choose_drafts(&ctx, r, catch_up)
                 } else {
                     (0, Vec::new(), 0)
                 };
@@ -273,12 +270,7 @@ impl Core {
                     if explorers != usize::MAX {
                         explorers -= 1;
                     }
-                    if blind {
-                        blind_starts -= 1;
-                    } else if starting {
-                        catch_up_left -= catch_up_cost;
-                        catch_up_starts += 1;
-                    }
+                    catch_ups.charge(start);
                 }
                 (1, true, k, c, s)
             } else {
@@ -898,18 +890,35 @@ pub struct DecodeSteps {
     pub weight_bytes: u64,
 }
 
+/// What every request's draft choice in one step reads: the mode, the fitted costs of a target
+/// step and a draft forward, the step's decode batch and the engine's acceptance estimates.
+struct DraftContext<'a> {
+    spec: SpecMode,
+    target: &'a LinearCost,
+    draft: &'a LinearCost,
+    n_decode: usize,
+    /// The drafter's overall acceptance estimate.
+    drafter_alpha: f64,
+    /// Its conditional acceptance per draft position.
+    pos_alpha: &'a [f64],
+}
+
 /// Choose k (model drafts) and the certain forced tokens for a decode request; returns
 /// (k_model, certain, saved) where saved = draft positions the budget clipped away.
+/// `catch_up`: (lag, seconds per position, horizon) when the request must first catch up.
 fn choose_drafts(
-    spec: SpecMode,
-    target: &LinearCost,
-    draft: &LinearCost,
+    ctx: &DraftContext<'_>,
     r: &ReqState,
-    n_decode: usize,
-    drafter_alpha: f64,
-    pos_alpha: &[f64],
     catch_up: Option<(usize, f64, usize)>,
 ) -> (usize, Vec<u32>, usize) {
+    let DraftContext {
+        spec,
+        target,
+        draft,
+        n_decode,
+        drafter_alpha,
+        pos_alpha,
+    } = *ctx;
     // the engine's per-position profile, scaled by how this request's acceptance compares
     // with the drafter's (once the request has its own estimate)
     let ratio = if r.alpha_obs >= OWN_ALPHA_AFTER {
