@@ -329,6 +329,12 @@ typedef struct specmla_engine_params {
    * driver or device makes `specmla_engine_create` fail with a message saying so.
    */
   const char *device;
+  /**
+   * Confidence cut of a draft model or MTP drafter, in [0, 1]: a request stops drafting for
+   * the step after a token the drafter gave a probability below it (outputs unchanged; only
+   * fewer drafts). 0 = off. Default 0.
+   */
+  float draft_p_min;
 } specmla_engine_params;
 
 /**

@@ -143,6 +143,41 @@ fn bad_draft_ngram_and_adaptive_are_lossless() {
     }
 }
 
+/// The drafters' confidence cut (`EngineConfig::draft_p_min`) only shortens drafts: outputs
+/// stay bitwise those of plain decoding (budgets included: a request with forced end-of-think
+/// tokens to draft is not cut), and a poor drafter drafts fewer tokens per verified token.
+#[test]
+fn confidence_cut_is_lossless_and_drafts_less() {
+    let reqs = requests(30);
+    let base = baseline(&reqs);
+    let drafted_per_accepted = |draft: &str, k: usize, p_min: f32| {
+        let mut c = cfg(SpecMode::Fixed(k));
+        c.draft_p_min = p_min;
+        let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden(draft)), c).unwrap();
+        let got = run(&e, reqs.clone());
+        assert_same(&format!("{draft} k={k} p_min={p_min}"), &base, &got, &reqs);
+        let t = e.stats().totals;
+        (t.drafted_tokens, t.accepted_tokens)
+    };
+    // the random-weights draft (v3_tied): its tokens are rarely confident or right
+    let (d0, a0) = drafted_per_accepted("v3_tied", 4, 0.0);
+    let (d1, a1) = drafted_per_accepted("v3_tied", 4, 0.3);
+    assert!(d1 < d0, "cut at 0.3: {d1} drafted vs {d0} without");
+    assert!(a1 <= a0);
+    // the bf16 copy of the target: confident and right, the cut changes little
+    let (d2, a2) = drafted_per_accepted("v3_bf16", 6, 0.3);
+    assert!(a2 > 0 && d2 >= a2);
+    // an out-of-range cut is refused with a clear error
+    for bad in [-0.1f32, 1.5, f32::NAN] {
+        let mut c = cfg(SpecMode::Fixed(2));
+        c.draft_p_min = bad;
+        let err = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_tied")), c)
+            .err()
+            .expect("out-of-range draft_p_min must be refused");
+        assert!(err.to_string().contains("draft_p_min"), "{err}");
+    }
+}
+
 #[test]
 fn kv_dtypes_chunking_prefix_cache_and_preemption_keep_outputs() {
     let reqs = requests(24);

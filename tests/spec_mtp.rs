@@ -140,6 +140,16 @@ fn mtp_greedy_is_bitwise_lossless_for_every_k_budget_and_cache_layout() {
             assert!(a > 0.3, "trained MTP layer: k=1 acceptance {a}");
         }
     }
+    // the confidence cut shortens MTP drafts only
+    let mut c = cfg(SpecMode::Fixed(4));
+    c.draft_p_min = 0.6;
+    let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+    assert_same(
+        "mtp k=4 p_min=0.6",
+        &base,
+        &run(&e, reqs.clone(), &[]),
+        &reqs,
+    );
     // chunked prefill + fp8 MTP KV; a small pool forcing preemption and recompute
     let mut c = cfg(SpecMode::Fixed(3));
     c.max_batch_tokens = 7;

@@ -292,6 +292,20 @@ func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
 	if got := s.run(t, plain, true, -1); !reflect.DeepEqual(got.Tokens, ref.Tokens) {
 		t.Fatalf("after a swap to MTP %v != plain %v", got.Tokens, ref.Tokens)
 	}
+	// the drafters' confidence cut: same output; out of [0, 1] refused naming the field
+	o.DraftPMin = 0.5
+	cut, err := NewEngine(target, "", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cut.Close()
+	if got := s.run(t, cut, true, -1); !reflect.DeepEqual(got.Tokens, ref.Tokens) {
+		t.Fatalf("MTP with a confidence cut %v != plain %v", got.Tokens, ref.Tokens)
+	}
+	o.DraftPMin = 1.5
+	if _, err := NewEngine(target, "", o); err == nil || !strings.Contains(err.Error(), "draft_p_min") {
+		t.Fatalf("draft_p_min 1.5: got %v, want an error naming the field", err)
+	}
 }
 
 // The n-gram and no-drafter swaps keep greedy outputs; HasWork follows the queue.

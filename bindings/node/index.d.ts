@@ -23,6 +23,8 @@ export interface EngineOptions {
   device?: string;
   /** Second KV tier: host-memory budget in bytes for evicted prefix blocks (default 0). */
   kvOffloadMemBytes?: number;
+  /** Drafters' confidence cut in [0, 1]: a request stops drafting for the step after a token its draft model / MTP layer gave a probability below it (outputs unchanged; 0 = off, default). */
+  draftPMin?: number;
 }
 
 export interface RequestOptions {

@@ -493,6 +493,12 @@ impl Core {
                     k: plan[j].k_model,
                     params: &r.params,
                     arm: r.draft_arm,
+                    // certain forced tokens line up only behind every asked draft: no cut then
+                    p_min: if plan[j].certain.is_empty() {
+                        self.cfg.draft_p_min
+                    } else {
+                        0.0
+                    },
                 }
             })
             .collect();
@@ -513,9 +519,11 @@ impl Core {
         let secs = t0.elapsed().as_secs_f64();
         if proposer.has_model() {
             self.time_draft_s += secs;
-            let kmax = asks
+            // draft forwards run: as many as the longest proposal (the confidence cut may end
+            // every request's drafting before k)
+            let kmax = props
                 .iter()
-                .map(|&j| plan[j].k_model)
+                .map(|p| p.tokens.len())
                 .max()
                 .unwrap_or(1)
                 .max(1);

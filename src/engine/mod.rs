@@ -87,6 +87,13 @@ pub struct EngineConfig {
     pub prefix_cache: bool,
     /// Draft length policy (used when a drafter is set).
     pub spec: SpecMode,
+    /// Confidence cut of the model drafters (draft model, MTP layer): a request stops drafting
+    /// for the step after a token its drafter gave a probability below this (softmax of the
+    /// draft logits for greedy requests, q for sampled ones), so a weak drafter's unlikely
+    /// tokens are neither drafted further nor verified — llama.cpp's `--draft-p-min`. Outputs
+    /// are unchanged (verification is the same); only k per request per step shrinks. 0 = off
+    /// (default); must be in [0, 1]. The n-gram drafter has no probabilities and ignores it.
+    pub draft_p_min: f32,
     /// Kernel instruction set (None = the best this CPU has). Pinned on every worker of the
     /// engine's pool; asking for one the CPU lacks is an error. All levels give the same bits.
     pub isa: Option<IsaLevel>,
@@ -117,6 +124,7 @@ impl Default for EngineConfig {
             max_running: 64,
             prefix_cache: true,
             spec: SpecMode::Fixed(4),
+            draft_p_min: 0.0,
             isa: None,
             kv_offload: None,
             device: crate::backend::Device::Cpu,
@@ -283,6 +291,12 @@ impl Engine {
             return Err(Error::InvalidArgument(
                 "block_size and num_blocks must be > 0".into(),
             ));
+        }
+        if !(0.0..=1.0).contains(&cfg.draft_p_min) {
+            return Err(Error::InvalidArgument(format!(
+                "draft_p_min {} is not a probability in [0, 1]",
+                cfg.draft_p_min
+            )));
         }
         let c = &model.config;
         let kc = KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype)

@@ -106,6 +106,10 @@ pub struct EngineParams {
     /// experts; the prefix cache and the second KV tier are off there; a machine without a CUDA
     /// driver or device makes `specmla_engine_create` fail with a message saying so.
     pub device: *const c_char,
+    /// Confidence cut of a draft model or MTP drafter, in [0, 1]: a request stops drafting for
+    /// the step after a token the drafter gave a probability below it (outputs unchanged; only
+    /// fewer drafts). 0 = off. Default 0.
+    pub draft_p_min: f32,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -346,6 +350,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         kv_offload_dir: std::ptr::null(),
         kv_offload_mem_bytes: 0,
         device: std::ptr::null(),
+        draft_p_min: 0.0,
     }
 }
 
@@ -448,6 +453,12 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
             return Err(FfiError::invalid(format!("{name} must be > 0")));
         }
     }
+    if !(0.0..=1.0).contains(&p.draft_p_min) {
+        return Err(FfiError::invalid(format!(
+            "draft_p_min {} is not a probability in [0, 1]",
+            p.draft_p_min
+        )));
+    }
     let kv = kv_dtype(p.kv_dtype, KvDtype::F32, "kv_dtype")?;
     let draft_kv = kv_dtype(p.draft_kv_dtype, kv, "draft_kv_dtype")?;
     let index_kv = kv_dtype(p.index_kv_dtype, kv, "index_kv_dtype")?;
@@ -482,6 +493,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
         } else {
             SpecMode::Fixed(k)
         },
+        draft_p_min: p.draft_p_min,
         isa,
         kv_offload: if p.kv_offload_dir.is_null() && p.kv_offload_mem_bytes == 0 {
             None

@@ -217,6 +217,7 @@ mod tests {
                 k: 2,
                 params: &params,
                 arm: if id < 10 { Some(1) } else { None },
+                p_min: 0.0,
             })
             .collect();
         let props = ab.propose(&reqs).unwrap();

@@ -185,12 +185,16 @@ impl Proposer for DraftModelProposer {
             .unwrap_or(0);
         // one forward per draft position; at least one (step 0) when only catch-ups are active
         let steps = if active.is_empty() { 0 } else { kmax.max(1) };
+        // requests whose last draft fell below their confidence cut (`ProposeRequest::p_min`)
+        let mut stopped = vec![false; reqs.len()];
         for step in 0..steps {
             // step 0: every active request (drafting or catching up); later: drafting ones only
             let live: Vec<(usize, Role)> = active
                 .iter()
                 .copied()
-                .filter(|&(i, role)| step == 0 || (role == Role::Draft && reqs[i].k > step))
+                .filter(|&(i, role)| {
+                    step == 0 || (role == Role::Draft && reqs[i].k > step && !stopped[i])
+                })
                 .collect();
             if live.is_empty() {
                 break;
@@ -248,6 +252,7 @@ impl Proposer for DraftModelProposer {
                 let row = &logits[row_at * vocab..(row_at + 1) * vocab]; // [vocab]
                 row_at += 1;
                 out[i].push_drafted(row, r.params, &mut s.rng);
+                stopped[i] = !out[i].confident(row, r.params, r.p_min);
             }
         }
         // Reserved-but-unfed slots (k - 1 drafts fed at most) are released by on_commit's truncate.
@@ -378,6 +383,7 @@ mod tests {
                 k,
                 params: &params,
                 arm: None,
+                p_min: 0.0,
             })
             .collect();
         let mut drafted_in_round = [usize::MAX; 4];

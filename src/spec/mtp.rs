@@ -114,6 +114,7 @@ impl Proposer for MtpProposer {
             prev: Vec<f32>,   // [catch-up rows, hidden]
             start: usize,     // first position
             drafts: bool,     // false: a bounded part of a long catch-up, no drafts this round
+            stopped: bool,    // its last draft fell below the request's confidence cut
         }
         // Each request's catch-up [m, L - 1) (the last row yields draft 1), then the round's
         // roles by the draft model's bound (module doc).
@@ -172,6 +173,7 @@ impl Proposer for MtpProposer {
                 prev,
                 start: m,
                 drafts,
+                stopped: false,
             });
         }
         let kmax = live
@@ -184,7 +186,9 @@ impl Proposer for MtpProposer {
         let steps = if live.is_empty() { 0 } else { kmax.max(1) };
         for step in 0..steps {
             let act: Vec<usize> = (0..live.len())
-                .filter(|&a| step == 0 || (live[a].drafts && reqs[live[a].i].k > step))
+                .filter(|&a| {
+                    step == 0 || (live[a].drafts && !live[a].stopped && reqs[live[a].i].k > step)
+                })
                 .collect();
             if act.is_empty() {
                 break;
@@ -223,6 +227,7 @@ impl Proposer for MtpProposer {
                 }
                 let lrow = &logits[row * vocab..(row + 1) * vocab]; // [vocab]
                 let tok = out[lv.i].push_drafted(lrow, r.params, &mut s.rng);
+                lv.stopped = !out[lv.i].confident(lrow, r.params, r.p_min);
                 // Next: the drafted token with this row's output, one position on.
                 lv.prev = xo[(row0 + n - 1) * h..(row0 + n) * h].to_vec();
                 lv.start += n;

@@ -23,6 +23,10 @@ pub struct ProposeRequest<'a> {
     pub params: &'a SamplingParams,
     /// The A/B arm the request asked for (`Request::draft_arm`; only `AbProposer` reads it).
     pub arm: Option<u8>,
+    /// Confidence cut (`EngineConfig::draft_p_min`): a model drafter stops drafting for this
+    /// request after a token it gave a probability below this ([`Proposal::drafted_prob`]);
+    /// 0 = always k. Verification is unchanged, so outputs are too.
+    pub p_min: f32,
 }
 
 /// Draft tokens and, for model drafters, their distributions q (processed with the request's params).
@@ -40,6 +44,36 @@ impl Proposal {
             tokens: Vec::new(),
             q: Some(Vec::new()),
         }
+    }
+
+    /// The drafter's probability of the token it drafted last from `logits` (that row):
+    /// softmax(logits) at it for a greedy request (whose q is one-hot), q at it for a sampled
+    /// one. 1 when nothing was drafted.
+    pub fn drafted_prob(&self, logits: &[f32], params: &SamplingParams) -> f32 {
+        let Some(&tok) = self.tokens.last() else {
+            return 1.0;
+        };
+        match self.q.as_ref().and_then(|q| q.last()) {
+            Some(q) if !is_greedy(params) => q.get(tok as usize).copied().unwrap_or(0.0),
+            _ => {
+                let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let at = logits
+                    .get(tok as usize)
+                    .copied()
+                    .unwrap_or(f32::NEG_INFINITY);
+                if !m.is_finite() || !at.is_finite() {
+                    return 0.0;
+                }
+                let z: f64 = logits.iter().map(|&l| ((l - m) as f64).exp()).sum();
+                (((at - m) as f64).exp() / z) as f32
+            }
+        }
+    }
+
+    /// Whether drafting should go on after the last token: its probability
+    /// ([`Self::drafted_prob`]) is at least `p_min` (always, with `p_min` <= 0).
+    pub fn confident(&self, logits: &[f32], params: &SamplingParams, p_min: f32) -> bool {
+        p_min <= 0.0 || self.drafted_prob(logits, params) >= p_min
     }
 
     /// Draft one token from a drafter's logits row: greedy requests take the argmax, sampled
@@ -138,5 +172,35 @@ impl Proposer for NgramProposer {
     fn release(&mut self, _id: u64) {}
     fn name(&self) -> String {
         format!("ngram({}..{})", self.min_n, self.max_n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Greedy: the drafted token's softmax probability under the draft logits; sampled: its q.
+    #[test]
+    fn drafted_prob_is_the_drafters_probability_of_its_token() {
+        let mut rng = Rng::new(7);
+        let greedy = SamplingParams::default();
+        assert!(is_greedy(&greedy));
+        let logits = [0.0f32, (3.0f32).ln(), f32::NEG_INFINITY]; // softmax: 1/4, 3/4, 0
+        let mut p = Proposal::with_q();
+        assert_eq!(p.drafted_prob(&logits, &greedy), 1.0, "nothing drafted yet");
+        assert_eq!(p.push_drafted(&logits, &greedy, &mut rng), 1);
+        assert!((p.drafted_prob(&logits, &greedy) - 0.75).abs() < 1e-6);
+        assert!(p.confident(&logits, &greedy, 0.75));
+        assert!(!p.confident(&logits, &greedy, 0.76));
+        assert!(p.confident(&logits, &greedy, 0.0));
+        let sampled = SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        let mut p = Proposal::with_q();
+        let tok = p.push_drafted(&logits, &sampled, &mut rng) as usize;
+        let q = p.q.as_ref().unwrap()[0][tok];
+        assert!(q > 0.0);
+        assert_eq!(p.drafted_prob(&logits, &sampled), q);
     }
 }

@@ -481,6 +481,7 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.kv_window_blocks = (uint32_t)num_prop(env, argv[2], "kvWindowBlocks", p.kv_window_blocks);
     p.kv_offload_mem_bytes = (uint64_t)num_prop(env, argv[2], "kvOffloadMemBytes", 0);
     p.kv_dtype = (uint32_t)num_prop(env, argv[2], "kvDtype", p.kv_dtype);
+    p.draft_p_min = (float)num_prop(env, argv[2], "draftPMin", p.draft_p_min);
   }
   char *offload = NULL;
   napi_value ov;

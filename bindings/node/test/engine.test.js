@@ -151,6 +151,11 @@ test('the MTP drafter (the target\'s own MTP layer) gives plain greedy output', 
   assert.ok(got.counters.draftedTokens > 0);
   plain.setDraftMtp();
   assert.deepEqual((await plain.generate(prompt(), opts(true))).tokens, ref.tokens);
+  // the drafters' confidence cut: same output; out of [0, 1] refused naming the field
+  const cut = new Engine(target, null, { threads: 2, mtp: true, draftPMin: 0.5 });
+  assert.deepEqual((await cut.generate(prompt(), opts(true))).tokens, ref.tokens);
+  assert.throws(() => new Engine(target, null, { threads: 2, mtp: true, draftPMin: 1.5 }), (err) => /draft_p_min/.test(err.message));
+  cut.close();
   e.close();
   plain.close();
 });

@@ -37,6 +37,10 @@ pub struct GenerateArgs {
     /// Choose the draft length per request per step from measured acceptance and costs.
     #[arg(long)]
     pub adaptive: bool,
+    /// Confidence cut of a draft model / MTP drafter: stop drafting for the step after a token
+    /// the drafter gave a probability below this (0 = off; outputs unchanged).
+    #[arg(long, default_value_t = 0.0)]
+    pub draft_p_min: f32,
     /// Maximum committed thinking tokens (omit for unlimited).
     #[arg(long, allow_negative_numbers = true)]
     pub reasoning_budget: Option<i64>,
@@ -199,6 +203,7 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         } else {
             SpecMode::Fixed(a.num_draft_tokens)
         },
+        draft_p_min: a.draft_p_min,
         isa: parse_isa(&a.isa)?,
         device: specmla::backend::Device::parse(&a.device)?,
         kv_offload: match (&a.kv_offload_dir, a.kv_offload_mem_mb) {

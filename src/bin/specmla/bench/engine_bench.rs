@@ -146,6 +146,7 @@ pub fn run(
         max_running: max_batch.max(1),
         prefix_cache: false,
         spec: SpecMode::Fixed(0),
+        draft_p_min: 0.0,
         isa: isa_level,
         kv_offload: None,
         device: Default::default(),

@@ -89,6 +89,10 @@ pub struct BenchArgs {
     /// Draft tokens per step (k) for fixed speculation; k_max for adaptive.
     #[arg(long, default_value_t = 4)]
     pub num_draft_tokens: usize,
+    /// Speculation / swap benches: confidence cut of the model drafters (`generate
+    /// --draft-p-min`; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub draft_p_min: f32,
     /// Batch sizes (concurrent requests), comma-separated.
     #[arg(long, default_value = "1,4,16")]
     pub batches: String,

@@ -388,6 +388,7 @@ fn run_target(
         max_running: max_batch,
         prefix_cache: true,
         spec: SpecMode::Fixed(0),
+        draft_p_min: a.draft_p_min,
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
         device: Default::default(),

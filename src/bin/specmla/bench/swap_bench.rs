@@ -89,6 +89,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         max_running: batch,
         prefix_cache: true,
         spec: SpecMode::Fixed(k),
+        draft_p_min: a.draft_p_min,
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
         device: Default::default(),
