@@ -332,7 +332,7 @@ typedef struct specmla_engine_params {
   /**
    * Confidence cut of a draft model or MTP drafter, in [0, 1]: a request stops drafting for
    * the step after a token the drafter gave a probability below it (outputs unchanged; only
-   * fewer drafts). 0 = off. Default 0.
+   * fewer drafts). 0 = off. Default 0.75 (llama.cpp's `--draft-p-min`).
    */
   float draft_p_min;
 } specmla_engine_params;

@@ -91,8 +91,9 @@ pub struct EngineConfig {
     /// for the step after a token its drafter gave a probability below this (softmax of the
     /// draft logits for greedy requests, q for sampled ones), so a weak drafter's unlikely
     /// tokens are neither drafted further nor verified — llama.cpp's `--draft-p-min`. Outputs
-    /// are unchanged (verification is the same); only k per request per step shrinks. 0 = off
-    /// (default); must be in [0, 1]. The n-gram drafter has no probabilities and ignores it.
+    /// are unchanged (verification is the same); only k per request per step shrinks. 0 = off;
+    /// default [`DEFAULT_DRAFT_P_MIN`]; must be in [0, 1]. The n-gram drafter has no
+    /// probabilities and ignores it.
     pub draft_p_min: f32,
     /// Kernel instruction set (None = the best this CPU has). Pinned on every worker of the
     /// engine's pool; asking for one the CPU lacks is an error. All levels give the same bits.
@@ -109,6 +110,13 @@ pub struct EngineConfig {
     pub device: crate::backend::Device,
 }
 
+/// Default confidence cut of the model drafters (`EngineConfig::draft_p_min`), llama.cpp's
+/// `--draft-p-min` default. On the widened target at batch 1 (docs/BENCHMARKS.md, "Drafters'
+/// confidence cut") it kept fixed-k speculation from collapsing with a weak drafter (the MTP
+/// layer at k = 8: 0.55x -> 0.97x of plain; draft-weak k = 8: 1.41x -> 1.84x, pairs) and left
+/// the strong draft model's rows where they were.
+pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -124,7 +132,7 @@ impl Default for EngineConfig {
             max_running: 64,
             prefix_cache: true,
             spec: SpecMode::Fixed(4),
-            draft_p_min: 0.0,
+            draft_p_min: DEFAULT_DRAFT_P_MIN,
             isa: None,
             kv_offload: None,
             device: crate::backend::Device::Cpu,

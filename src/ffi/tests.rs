@@ -139,9 +139,12 @@ fn engine_params_are_validated() {
         format!("{e:?}").contains("expected cpu, cuda or cuda:N"),
         "{e:?}"
     );
-    // the drafters' confidence cut: off by default, a probability, else refused by name
+    // the drafters' confidence cut: the engine's default, a probability, else refused by name
     p = engine_defaults();
-    assert_eq!(engine_config(&p).expect("default").draft_p_min, 0.0);
+    assert_eq!(
+        engine_config(&p).expect("default").draft_p_min,
+        crate::engine::DEFAULT_DRAFT_P_MIN
+    );
     p.draft_p_min = 0.5;
     assert_eq!(engine_config(&p).expect("cut").draft_p_min, 0.5);
     for bad in [-0.5f32, 1.01, f32::NAN, f32::INFINITY] {
@@ -153,7 +156,7 @@ fn engine_params_are_validated() {
     p.struct_size = std::mem::offset_of!(EngineParams, draft_p_min);
     // SAFETY: `p` is a valid struct of at least struct_size bytes.
     let got = unsafe { read_params(&p, engine_defaults(), "p") }.expect("valid");
-    assert_eq!(got.draft_p_min, 0.0);
+    assert_eq!(got.draft_p_min, crate::engine::DEFAULT_DRAFT_P_MIN);
 }
 
 #[test]

@@ -108,7 +108,7 @@ pub struct EngineParams {
     pub device: *const c_char,
     /// Confidence cut of a draft model or MTP drafter, in [0, 1]: a request stops drafting for
     /// the step after a token the drafter gave a probability below it (outputs unchanged; only
-    /// fewer drafts). 0 = off. Default 0.
+    /// fewer drafts). 0 = off. Default 0.75 (llama.cpp's `--draft-p-min`).
     pub draft_p_min: f32,
 }
 
@@ -350,7 +350,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         kv_offload_dir: std::ptr::null(),
         kv_offload_mem_bytes: 0,
         device: std::ptr::null(),
-        draft_p_min: 0.0,
+        draft_p_min: crate::engine::DEFAULT_DRAFT_P_MIN,
     }
 }
 

@@ -39,7 +39,7 @@ pub struct GenerateArgs {
     pub adaptive: bool,
     /// Confidence cut of a draft model / MTP drafter: stop drafting for the step after a token
     /// the drafter gave a probability below this (0 = off; outputs unchanged).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = specmla::engine::DEFAULT_DRAFT_P_MIN)]
     pub draft_p_min: f32,
     /// Maximum committed thinking tokens (omit for unlimited).
     #[arg(long, allow_negative_numbers = true)]

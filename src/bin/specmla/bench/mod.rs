@@ -91,7 +91,7 @@ pub struct BenchArgs {
     pub num_draft_tokens: usize,
     /// Speculation / swap benches: confidence cut of the model drafters (`generate
     /// --draft-p-min`; 0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = specmla::engine::DEFAULT_DRAFT_P_MIN)]
     pub draft_p_min: f32,
     /// Batch sizes (concurrent requests), comma-separated.
     #[arg(long, default_value = "1,4,16")]
