@@ -8,6 +8,7 @@
 
 mod contain;
 mod core;
+mod drafts;
 pub mod metrics;
 pub mod request;
 pub mod score;
