@@ -14,13 +14,13 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
-use crate::sampling::log_softmax;
 use crate::spec::policy::{CatchUpBudget, Lengths, LinearCost, Start};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
 use crate::tokenizer::Tokenizer;
 
+use super::commit::{commit, fail_non_finite, finite};
 use super::drafts::{choose_drafts, DraftContext};
 use super::request::{Event, FaultSite, FinishReason, ReqState};
 use super::EngineConfig;
@@ -925,75 +925,4 @@ fn publish_prefix(kv: &mut KvCache, r: &mut ReqState, enabled: bool) {
         kv.register_prefix(&r.kv, &r.tokens[..r.prompt_len]);
         r.prefix_registered = true;
     }
-}
-
-/// Commit one token to a request: budget accounting, log-prob, detokenisation, stop checks.
-/// Returns true when the request finished.
-/// Whether a logit row holds only finite values (a corrupted or overflowing model gives NaN/inf,
-/// which no sampler can turn into a meaningful token).
-fn finite(row: &[f32]) -> bool {
-    row.iter().all(|x| x.is_finite())
-}
-
-/// End a request whose logits are not finite, with an error saying so.
-fn fail_non_finite(r: &mut ReqState) {
-    let f = FinishReason::Error(
-        "the model produced non-finite logits (NaN or inf): its weights or config are broken"
-            .into(),
-    );
-    r.finished = Some(f.clone());
-    r.event.finish = Some(f);
-}
-
-fn commit(
-    r: &mut ReqState,
-    tok: u32,
-    forced: bool,
-    logits: &[f32],
-    eos: &[u32],
-    tok_: Option<&Tokenizer>,
-) -> bool {
-    r.tokens.push(tok);
-    r.budget.commit(tok, forced);
-    r.counters.reasoning_tokens = r.budget.reasoning as u64;
-    r.counters.answer_tokens = r.budget.answer as u64;
-    r.counters.forced_tokens = r.budget.forced_tokens as u64;
-    r.counters.forced_end_of_think = u64::from(r.budget.forced_end);
-    r.event.tokens.push(tok);
-    if r.want_logprobs {
-        r.event.logprobs.push(log_softmax(logits)[tok as usize]);
-    }
-    let mut finish = None;
-    if let (Some(t), Some(d)) = (tok_, r.detok.as_mut()) {
-        if let Ok(delta) = d.push(t, tok) {
-            let res = r.stop.push(&delta);
-            r.event.text.push_str(&res.emit);
-            if res.stopped {
-                finish = Some(FinishReason::StopString);
-            }
-        }
-    }
-    if finish.is_none()
-        && ((!r.params.ignore_eos && eos.contains(&tok)) || r.params.stop_token_ids.contains(&tok))
-    {
-        finish = Some(FinishReason::Stop);
-    }
-    if finish.is_none() && r.generated() >= r.params.max_tokens {
-        finish = Some(FinishReason::Length);
-    }
-    if let Some(f) = finish {
-        if f != FinishReason::StopString {
-            if let (Some(t), Some(d)) = (tok_, r.detok.as_mut()) {
-                if let Ok(rest) = d.finish(t) {
-                    let res = r.stop.push(&rest);
-                    r.event.text.push_str(&res.emit);
-                }
-                r.event.text.push_str(&r.stop.finish());
-            }
-        }
-        r.event.finish = Some(f.clone());
-        r.finished = Some(f);
-        return true;
-    }
-    false
 }

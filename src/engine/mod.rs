@@ -6,6 +6,7 @@
 //! weights load and validate on a background thread and are swapped in atomically between two
 //! steps. `step` itself is serialised (one at a time).
 
+mod commit;
 mod contain;
 mod core;
 mod drafts;
