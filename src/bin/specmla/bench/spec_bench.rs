@@ -341,7 +341,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
     result?;
     Ok(Section {
         name: "speculation",
-        json: json!({"runs": out_runs, "greedy_identical": all_identical}),
+        json: json!({"runs": out_runs, "greedy_identical": all_identical, "draft_p_min": a.draft_p_min}),
         text: out_text,
     })
 }
@@ -616,12 +616,13 @@ fn run_target(
         }
     }
     let mut text = format!(
-        "-- target {tname}: {} ({:.1} MB read per batch-1 decode token), workload: {wl_label}, max_tokens {}, {} threads, KV {}\n",
+        "-- target {tname}: {} ({:.1} MB read per batch-1 decode token), workload: {wl_label}, max_tokens {}, {} threads, KV {}, draft confidence cut {}\n",
         target.display(),
         plain_bytes_model / 1e6,
         a.max_tokens,
         a.threads,
-        a.kv_dtype
+        a.kv_dtype,
+        a.draft_p_min
     );
     for n in &notes {
         text += &format!("note: {n}\n");
