@@ -119,6 +119,18 @@ pub struct EngineConfig {
 /// the strong draft model's rows where they were.
 pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
 
+/// `EngineConfig::draft_p_min` must be a probability in [0, 1] (NaN refused): the engine's check,
+/// also run by the C ABI when it reads `specmla_engine_params`.
+pub(crate) fn check_draft_p_min(p: f32) -> Result<()> {
+    if (0.0..=1.0).contains(&p) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "draft_p_min {p} is not a probability in [0, 1]"
+        )))
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -302,12 +314,7 @@ impl Engine {
                 "block_size and num_blocks must be > 0".into(),
             ));
         }
-        if !(0.0..=1.0).contains(&cfg.draft_p_min) {
-            return Err(Error::InvalidArgument(format!(
-                "draft_p_min {} is not a probability in [0, 1]",
-                cfg.draft_p_min
-            )));
-        }
+        check_draft_p_min(cfg.draft_p_min)?;
         let c = &model.config;
         let kc = KvConfig::for_model(c, cfg.block_size, cfg.num_blocks, cfg.kv_dtype)
             .with_index_dtype(cfg.index_kv_dtype.unwrap_or(cfg.kv_dtype));

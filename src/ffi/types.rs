@@ -453,12 +453,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
             return Err(FfiError::invalid(format!("{name} must be > 0")));
         }
     }
-    if !(0.0..=1.0).contains(&p.draft_p_min) {
-        return Err(FfiError::invalid(format!(
-            "draft_p_min {} is not a probability in [0, 1]",
-            p.draft_p_min
-        )));
-    }
+    crate::engine::check_draft_p_min(p.draft_p_min)?;
     let kv = kv_dtype(p.kv_dtype, KvDtype::F32, "kv_dtype")?;
     let draft_kv = kv_dtype(p.draft_kv_dtype, kv, "draft_kv_dtype")?;
     let index_kv = kv_dtype(p.index_kv_dtype, kv, "index_kv_dtype")?;
