@@ -6,7 +6,9 @@
 
 use crate::error::Result;
 use crate::kv::KvStats;
-use crate::sampling::{argmax, is_greedy, processed_probs, sample_from, Rng, SamplingParams};
+use crate::sampling::{
+    argmax, is_greedy, log_softmax, processed_probs, sample_from, Rng, SamplingParams,
+};
 
 use super::ngram::ngram_propose;
 
@@ -47,26 +49,17 @@ impl Proposal {
     }
 
     /// The drafter's probability of the token it drafted last from `logits` (that row):
-    /// softmax(logits) at it for a greedy request (whose q is one-hot), q at it for a sampled
-    /// one. 1 when nothing was drafted.
+    /// softmax(logits) at it for a greedy request (whose q is one-hot; by [`log_softmax`], which
+    /// handles NaN and infinite logits), q at it for a sampled one. 1 when nothing was drafted.
     pub fn drafted_prob(&self, logits: &[f32], params: &SamplingParams) -> f32 {
         let Some(&tok) = self.tokens.last() else {
             return 1.0;
         };
         match self.q.as_ref().and_then(|q| q.last()) {
             Some(q) if !is_greedy(params) => q.get(tok as usize).copied().unwrap_or(0.0),
-            _ => {
-                let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let at = logits
-                    .get(tok as usize)
-                    .copied()
-                    .unwrap_or(f32::NEG_INFINITY);
-                if !m.is_finite() || !at.is_finite() {
-                    return 0.0;
-                }
-                let z: f64 = logits.iter().map(|&l| ((l - m) as f64).exp()).sum();
-                (((at - m) as f64).exp() / z) as f32
-            }
+            _ => log_softmax(logits)
+                .get(tok as usize)
+                .map_or(0.0, |&lp| (lp as f64).exp() as f32),
         }
     }
 
