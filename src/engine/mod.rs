@@ -12,6 +12,7 @@ mod core;
 mod drafts;
 pub mod metrics;
 pub mod request;
+mod schedule;
 pub mod score;
 mod swap;
 

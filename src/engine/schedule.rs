@@ -1,0 +1,277 @@
+//! The schedule phase of an engine step (`Core::schedule`): which running requests take part and
+//! with how many tokens — continuous batching in admission order, chunked prefill under the step's
+//! token budget, admission from the waiting queue, preemption with recompute when the KV pool is
+//! short — and how many draft positions each decoding request may use (the adaptive policy's
+//! explorer and catch-up allowance, `super::drafts`). Sits between the engine's step entry
+//! (`core.rs`) and the propose phase.
+//!
+//! Guarantees: target KV is reserved (plan-then-commit, `KvCache::plan_grow` / `commit_grow`)
+//! for every token a `Planned` entry feeds, drafts included, before the step runs; a request that
+//! cannot get KV for its own next token is preempted (its committed tokens kept, recomputed later
+//! with the same attention paths, so its output is unchanged), never failed.
+
+use crate::spec::policy::{CatchUpBudget, Start};
+use crate::spec::{SpecMode, StepKind};
+
+use super::core::Core;
+use super::drafts::{choose_drafts, DraftContext};
+use super::request::{FaultSite, ReqState};
+
+/// What the scheduler decided for one running request this step.
+pub(super) struct Planned {
+    /// Index into `running`.
+    pub(super) idx: usize,
+    /// Prefill / recompute: number of pending tokens fed this step (0 for decode).
+    pub(super) chunk: usize,
+    /// Decode: draft positions the model drafter should propose, and certain (forced) tokens after them.
+    pub(super) k_model: usize,
+    pub(super) certain: Vec<u32>,
+    pub(super) decode: bool,
+}
+
+impl Core {
+    /// Preempt running[idx]: free its KV (target and draft), keep its committed tokens, requeue at
+    /// the front of the waiting queue; it is recomputed later with the same attention paths, so its
+    /// output is unchanged.
+    pub(super) fn preempt(&mut self, idx: usize) {
+        let mut r = self.running.remove(idx);
+        self.kv.free(&mut r.kv);
+        if let Some(p) = self.proposer.as_mut() {
+            p.release(r.id);
+        }
+        r.counters.preemptions += 1;
+        r.prefix_registered = false;
+        r.drafted_at = None;
+        self.waiting.push_front(r);
+    }
+
+    pub(super) fn reserve(&mut self, idx: usize, new_len: usize) -> bool {
+        let r = &mut self.running[idx];
+        match self.kv.plan_grow(&r.kv, new_len) {
+            Ok(plan) => {
+                self.kv.commit_grow(&mut r.kv, plan);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Reserve `need` tokens plus `extra` draft slots; falls back to no drafts.
+    /// Some(true): all reserved; Some(false): without the drafts; None: not even `need`.
+    pub(super) fn try_reserve(&mut self, idx: usize, need: usize, extra: usize) -> Option<bool> {
+        if self.reserve(idx, need + extra) {
+            Some(true)
+        } else if extra > 0 && self.reserve(idx, need) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Running requests that decode (one pending token) rather than prefill.
+    pub(super) fn n_decode(&self) -> usize {
+        self.running.iter().filter(|r| r.pending() == 1).count()
+    }
+
+    /// Whether the drafter runs a model (draft model, MTP layer): it is timed, and it catches up.
+    pub(super) fn drafter_has_model(&self) -> bool {
+        self.proposer.as_ref().is_some_and(|p| p.has_model())
+    }
+
+    /// Whether the adaptive policy has both cost fits (target step; draft step for a drafter
+    /// with a model). Before that it explores with one request (see `schedule`).
+    pub(super) fn policy_informed(&self) -> bool {
+        self.target_cost.has_slope()
+            && (self.draft_cost.fit().is_some() || !self.drafter_has_model())
+    }
+
+    /// Whether `r`'s drafter must first catch up on more than a steady round's lag — one
+    /// verification's tokens (k + 1) and one plain step's — before it drafts (a drafter without
+    /// a model never catches up).
+    pub(super) fn catching_up(&self, r: &ReqState) -> bool {
+        let k_max = match self.cfg.spec {
+            SpecMode::Adaptive { k_max } | SpecMode::Fixed(k_max) => k_max,
+        };
+        self.drafter_has_model() && r.drafter_lag() > k_max + 2
+    }
+
+    /// Plan the step: which requests run and with how many tokens, reserving target KV.
+    /// `kind` Plain: nobody drafts this step (the adaptive guard's decision).
+    pub(super) fn schedule(&mut self, kind: StepKind) -> Vec<Planned> {
+        self.running.sort_by_key(|r| r.admitted_seq);
+        let mut budget = self.cfg.max_batch_tokens.max(1);
+        let mut plan: Vec<Planned> = Vec::new();
+        let n_decode = self.n_decode().max(1);
+        // After a contained panic: one suspect at a time, alone (`engine::contain`).
+        let isolating = self.isolating();
+        // An uninformed adaptive policy explores with one request only: exploring is k_max
+        // drafts, and a drafter's first round for a request catches up on its whole context
+        // (an MTP layer or draft model over the prompt), which at batch 16 cost ~9 plain steps
+        // when every request explored at once.
+        // Likewise, while the catch-up cost per position is unmeasured, one request per step
+        // may start drafting from a long lag; after that the policy only starts one whose
+        // catch-up its predicted saving pays back over the tokens it is still expected to
+        // generate (`policy::catch_up_pays`, `policy::Lengths`), and a step starts catch-ups
+        // worth at most one plain step (at least one request): the first informed step at
+        // batch 16 let four requests start MTP drafting at once (123 ms against a 33 ms plain
+        // step) on a saving the next steps did not confirm.
+        let adaptive = matches!(self.cfg.spec, SpecMode::Adaptive { .. });
+        // Informed means the target's cost has been seen at two token counts: after a first
+        // exploring step it has one (a verification), and the fit then calls extra tokens
+        // free, so the next step drafts nothing and gives the second (a plain step) — at batch
+        // 16 on the widened MoE target a verified token costs as much as a decoded one, which
+        // the optimistic one-point fit hid until two or three requests had drafted.
+        let mut explorers = if adaptive && !self.policy_informed() {
+            if self.drafted_last_step && !self.target_cost.has_slope() {
+                0
+            } else {
+                1
+            }
+        } else {
+            usize::MAX
+        };
+        let mut catch_ups = CatchUpBudget::new(self.target_cost.predict(n_decode).unwrap_or(0.0));
+        let mut i = 0;
+        while i < self.running.len() {
+            if budget == 0 || (isolating && !plan.is_empty()) {
+                break;
+            }
+            if isolating && !self.running[i].suspect {
+                i += 1;
+                continue;
+            }
+            let pending = self.running[i].pending();
+            let (chunk, decode, k_model, certain, saved) = if pending == 1 {
+                let r = &self.running[i];
+                let lag = r.drafter_lag();
+                let start = match self.catch_up_s_per_row {
+                    _ if !(adaptive && self.catching_up(r)) => Start::Steady,
+                    None => Start::Blind,
+                    Some(per_row) => Start::Priced(lag as f64 * per_row),
+                };
+                let spec_on = self.proposer.is_some()
+                    && r.speculate
+                    && kind == StepKind::Free
+                    && explorers > 0
+                    && catch_ups.admits(start);
+                let (k, c, s) = if spec_on {
+                    let catch_up = match (self.catch_up_s_per_row, start) {
+                        (Some(per_row), Start::Priced(_)) => {
+                            let left = r.params.max_tokens.saturating_sub(r.generated());
+                            Some((lag, per_row, self.lengths.horizon(r.generated(), left)))
+                        }
+                        _ => None,
+                    };
+                    let ctx = DraftContext {
+                        spec: self.cfg.spec,
+                        target: &self.target_cost,
+                        draft: &self.draft_cost,
+                        n_decode,
+                        drafter_alpha: self.drafter_alpha,
+                        pos_alpha: &self.pos_alpha,
+                    };
+                    choose_drafts(&ctx, r, catch_up)
+                } else {
+                    (0, Vec::new(), 0)
+                };
+                if k + c.len() > 0 {
+                    if explorers != usize::MAX {
+                        explorers -= 1;
+                    }
+                    catch_ups.charge(start);
+                }
+                (1, true, k, c, s)
+            } else {
+                (pending.min(budget), false, 0, Vec::new(), 0)
+            };
+            let extra = k_model + certain.len();
+            let base = self.running[i].kv.len();
+            let mut got = self.try_reserve(i, base + chunk, extra);
+            while got.is_none() && self.running.len() > i + 1 {
+                // preempt the youngest request not planned yet
+                let last = self.running.len() - 1;
+                self.preempt(last);
+                got = self.try_reserve(i, base + chunk, extra);
+            }
+            let Some(full) = got else {
+                // Cannot run even with everything younger preempted: requeue it too.
+                self.preempt(i);
+                continue;
+            };
+            let (k_model, certain) = if full {
+                (k_model, certain)
+            } else {
+                (0, Vec::new())
+            };
+            if full {
+                self.running[i].counters.draft_tokens_saved += saved as u64;
+            }
+            budget = budget.saturating_sub(chunk + k_model + certain.len());
+            plan.push(Planned {
+                idx: i,
+                chunk,
+                k_model,
+                certain,
+                decode,
+            });
+            i += 1;
+        }
+        // Admit waiting requests while there is budget and room.
+        while budget > 0 && self.running.len() < self.cfg.max_running {
+            let next = if isolating {
+                if !plan.is_empty() {
+                    break;
+                }
+                self.waiting
+                    .iter()
+                    .position(|r| r.suspect)
+                    .and_then(|pos| self.waiting.remove(pos))
+            } else {
+                self.waiting.pop_front()
+            };
+            let Some(mut r) = next else {
+                break;
+            };
+            // A reused prefix has no target hidden states, which an MTP drafter needs.
+            let reuse =
+                self.cfg.prefix_cache && !self.proposer.as_ref().is_some_and(|p| p.wants_hidden());
+            if r.kv.len() == 0 && reuse && r.tokens.len() > 1 {
+                let prompt = &r.tokens[..r.prompt_len];
+                let max = prompt.len().min(r.tokens.len() - 1);
+                r.kv = self.kv.match_prefix(prompt, max);
+                if r.counters.preemptions == 0 {
+                    r.counters.cached_prompt_tokens = r.kv.len() as u64;
+                }
+            }
+            let chunk = r.pending().min(budget);
+            let base = r.kv.len();
+            match self.kv.plan_grow(&r.kv, base + chunk) {
+                Ok(p) => {
+                    self.kv.commit_grow(&mut r.kv, p);
+                }
+                Err(_) => {
+                    self.kv.free(&mut r.kv);
+                    self.waiting.push_front(r);
+                    break;
+                }
+            }
+            r.check_fault_at(FaultSite::Admission);
+            self.admitted += 1;
+            if r.admitted_seq == u64::MAX {
+                r.admitted_seq = self.admitted;
+            }
+            budget -= chunk;
+            self.running.push(r);
+            let idx = self.running.len() - 1;
+            let decode = self.running[idx].pending() == 1;
+            plan.push(Planned {
+                idx,
+                chunk: if decode { 1 } else { chunk },
+                k_model: 0,
+                certain: Vec::new(),
+                decode,
+            });
+        }
+        plan
+    }
+}
