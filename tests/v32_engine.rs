@@ -195,7 +195,7 @@ fn target_with_mtp() -> std::path::PathBuf {
             off += data.len();
         }
         let mut hb = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-        while hb.len() % 8 != 0 {
+        while !hb.len().is_multiple_of(8) {
             hb.push(b' ');
         }
         let mut file = (hb.len() as u64).to_le_bytes().to_vec();

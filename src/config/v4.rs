@@ -221,7 +221,7 @@ pub(crate) fn parse_v4(
         _ => return Err(o.err("q_lora_rank", "DeepSeek-V4 needs q_lora_rank > 0")),
     };
     let o_groups = o.usize_or("o_groups", 8)?;
-    if o_groups == 0 || heads % o_groups != 0 {
+    if o_groups == 0 || !heads.is_multiple_of(o_groups) {
         return Err(o.err(
             "o_groups",
             format!("must divide num_attention_heads ({heads}), found {o_groups}"),
@@ -382,7 +382,7 @@ pub(crate) fn parse_v4(
     }
     let hc_eps = o.f64_or("hc_eps", 1e-6)?;
     let swiglu_limit = o.f64_or("swiglu_limit", 10.0)?;
-    if !(hc_eps >= 0.0 && hc_eps < 1.0) {
+    if !(0.0..1.0).contains(&hc_eps) {
         return Err(o.err("hc_eps", format!("must be in [0, 1), found {hc_eps}")));
     }
     if !(swiglu_limit > 0.0 && swiglu_limit.is_finite()) {

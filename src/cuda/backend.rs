@@ -154,7 +154,8 @@ impl CudaBackend {
         if c.indexer.is_some() {
             return no("V3.2's lightning indexer has no CUDA kernels yet".into());
         }
-        if c.kv_lora_rank > 512 || c.qk_rope_head_dim > 64 || c.qk_rope_head_dim % 2 != 0 {
+        if c.kv_lora_rank > 512 || c.qk_rope_head_dim > 64 || !c.qk_rope_head_dim.is_multiple_of(2)
+        {
             return no(format!(
                 "kv_lora_rank {} / qk_rope_head_dim {}: the MLA kernel takes at most 512 / 64 (even)",
                 c.kv_lora_rank, c.qk_rope_head_dim
@@ -498,13 +499,13 @@ impl CudaBackend {
             .kv
             .lock()
             .map_err(|_| Error::Engine("CUDA backend: KV map poisoned".into()))?;
-        if !map.contains_key(&kv.uid()) {
+        if let std::collections::hash_map::Entry::Vacant(e) = map.entry(kv.uid()) {
             let slots = kc.num_blocks * kc.block_size;
             let mut layers = Vec::with_capacity(g.num_layers);
             for _ in 0..g.num_layers {
                 layers.push(self.s().alloc_zeros::<u16>(slots * width).map_err(drv)?);
             }
-            map.insert(kv.uid(), layers);
+            e.insert(layers);
         }
         f(map.get_mut(&kv.uid()).expect("inserted above"))
     }

@@ -144,7 +144,7 @@ impl Gpu {
     /// `gemm_bf16_smalln`. w: [rows, cols] bf16 bits, x: [n, cols] -> [n, rows]
     pub fn gemm_bf16(&self, w: &[u16], rows: usize, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let cols = w.len() / rows;
-        if cols % 8 != 0 || n == 0 || n > 16 {
+        if !cols.is_multiple_of(8) || n == 0 || n > 16 {
             return Err(Error::InvalidArgument(format!(
                 "gemm_bf16: cols {cols} must be a multiple of 8 and n {n} in 1..=16"
             )));
@@ -172,7 +172,7 @@ impl Gpu {
         n: usize,
     ) -> Result<Vec<f32>> {
         let cols = w.len() / rows;
-        if cols % 128 != 0 || n == 0 || n > 16 {
+        if !cols.is_multiple_of(128) || n == 0 || n > 16 {
             return Err(Error::InvalidArgument(format!(
                 "gemm_fp8: cols {cols} must be a multiple of 128 and n {n} in 1..=16"
             )));
@@ -420,7 +420,7 @@ impl Gpu {
     ) -> Result<Vec<f32>> {
         let n = x.len() / hidden;
         let na = ex.len();
-        if na != n * top_k || hidden % 8 != 0 || inter % 8 != 0 {
+        if na != n * top_k || !hidden.is_multiple_of(8) || !inter.is_multiple_of(8) {
             return Err(Error::InvalidArgument(
                 "moe_experts: ex must hold top_k entries per token; dims multiples of 8".into(),
             ));

@@ -235,7 +235,7 @@ impl Core {
             // A reused prefix has no target hidden states, which an MTP drafter needs.
             let reuse =
                 self.cfg.prefix_cache && !self.proposer.as_ref().is_some_and(|p| p.wants_hidden());
-            if r.kv.len() == 0 && reuse && r.tokens.len() > 1 {
+            if r.kv.is_empty() && reuse && r.tokens.len() > 1 {
                 let prompt = &r.tokens[..r.prompt_len];
                 let max = prompt.len().min(r.tokens.len() - 1);
                 r.kv = self.kv.match_prefix(prompt, max);

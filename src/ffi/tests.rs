@@ -134,7 +134,7 @@ fn engine_params_are_validated() {
         assert_eq!(engine_config(&p).expect("device").device, want);
     }
     p.device = c"tpu:0".as_ptr();
-    let e = engine_config(&p).err().expect("refused");
+    let e = engine_config(&p).expect_err("refused");
     assert!(
         format!("{e:?}").contains("expected cpu, cuda or cuda:N"),
         "{e:?}"
@@ -149,7 +149,7 @@ fn engine_params_are_validated() {
     assert_eq!(engine_config(&p).expect("cut").draft_p_min, 0.5);
     for bad in [-0.5f32, 1.01, f32::NAN, f32::INFINITY] {
         p.draft_p_min = bad;
-        let e = engine_config(&p).err().expect("refused");
+        let e = engine_config(&p).expect_err("refused");
         assert!(format!("{e:?}").contains("draft_p_min"), "{e:?}");
     }
     // a caller compiled before the field keeps the default

@@ -44,7 +44,7 @@ impl<T: Copy + Send + Sync + 'static> WeightBuf<T> {
     /// `owner` keeps alive and that nothing mutates while any clone of the buffer exists.
     pub unsafe fn borrowed(owner: Arc<dyn Any + Send + Sync>, ptr: *const T, len: usize) -> Self {
         debug_assert!(
-            ptr as usize % std::mem::align_of::<T>() == 0,
+            (ptr as usize).is_multiple_of(std::mem::align_of::<T>()),
             "WeightBuf: misaligned"
         );
         WeightBuf {
@@ -200,7 +200,7 @@ impl Matrix {
                 block_cols,
             } => {
                 assert!(
-                    r0 % block_rows == 0,
+                    r0.is_multiple_of(*block_rows),
                     "Matrix::rows_view: fp8 view off a block boundary"
                 );
                 let ncb = c.div_ceil(*block_cols);

@@ -372,7 +372,7 @@ fn isa_levels_parse_and_pin() {
     let default_best = Isa::available()
         .into_iter()
         .filter(|i| !i.level().opt_in())
-        .last();
+        .next_back();
     assert_eq!(
         default_best,
         Some(Isa::detect()),

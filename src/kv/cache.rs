@@ -160,7 +160,7 @@ impl KvCache {
         }
         for g in &cfg.groups {
             let r = g.kind.rate();
-            if r == 0 || (cfg.block_size % r != 0 && r % cfg.block_size != 0) {
+            if r == 0 || (!cfg.block_size.is_multiple_of(r) && r % cfg.block_size != 0) {
                 return Err(Error::config(
                     "block_size",
                     format!(

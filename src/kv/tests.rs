@@ -466,6 +466,6 @@ fn read_range_throughput() {
 fn a_pool_larger_than_the_machine_is_refused_not_aborted() {
     // 2^32 - 1 blocks of 16 tokens x 576 f32 x 61 layers: ~9 PB.
     let huge = KvConfig::latent_only(61, 512, 64, 16, u32::MAX as usize, KvDtype::F32);
-    let err = KvCache::new(huge).err().expect("refused");
+    let err = KvCache::new(huge).expect_err("refused");
     assert!(err.to_string().contains("num_blocks"), "{err}");
 }

@@ -49,7 +49,7 @@ impl Model {
         let mtp_tensors = check_tensor_set(&config, store)?;
         let ld = Loader {
             store,
-            quant: config.quantization.clone(),
+            quant: config.quantization,
         };
         let c = &config;
         let h = c.hidden_size;
@@ -270,7 +270,7 @@ fn absorb(
                 scale_inv,
                 block_rows: br,
                 block_cols: bc,
-            } if base % br == 0 && (base + nope) % br == 0 => {
+            } if base.is_multiple_of(*br) && (base + nope).is_multiple_of(*br) => {
                 let t = transpose(&data[base * kv_lora..], nope, kv_lora); // [kv_lora, nope]
                 let ncb = kv_lora.div_ceil(*bc);
                 let (sr, sc) = (kv_lora.div_ceil(*bc), nope.div_ceil(*br)); // transposed grid

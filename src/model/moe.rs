@@ -195,7 +195,7 @@ pub(crate) fn moe(
             }
         }
         for (yv, r) in y[t * h..(t + 1) * h].iter_mut().zip(&routed) {
-            *yv = r + *yv;
+            *yv += r;
         }
     }
     (y, bytes)
@@ -258,7 +258,7 @@ fn moe_one_token(m: &Moe, route: &[(usize, f32)], x: &[f32]) -> Vec<f32> {
         }
     }
     for (yv, r) in y.iter_mut().zip(&routed) {
-        *yv = r + *yv;
+        *yv += r;
     }
     y
 }

@@ -22,8 +22,8 @@ fn borrow_as<T: Copy + Send + Sync + 'static>(v: &TensorView<'_>) -> Option<Weig
     let size = std::mem::size_of::<T>();
     let p = v.data.as_ptr();
     if cfg!(target_endian = "little")
-        && (p as usize) % std::mem::align_of::<T>() == 0
-        && v.data.len() % size == 0
+        && (p as usize).is_multiple_of(std::mem::align_of::<T>())
+        && v.data.len().is_multiple_of(size)
     {
         // SAFETY: aligned, in bounds of the shard (validated at open), immutable, and kept alive
         // by `owner`; T is a plain number type for which every bit pattern is valid.

@@ -57,7 +57,7 @@ pub fn is_quantizable(name: &str) -> bool {
 
 /// Quantise the checkpoint in `src` into a new directory `dst` (created; must not be `src`).
 pub fn quantize_dir(src: &Path, dst: &Path, block: usize) -> Result<QuantizeReport> {
-    if block == 0 || block % 8 != 0 {
+    if block == 0 || !block.is_multiple_of(8) {
         return Err(Error::InvalidArgument(format!(
             "quantize: block size {block} must be a positive multiple of 8"
         )));

@@ -115,7 +115,7 @@ impl Axis {
             Axis::Keep => (0..n).collect(),
             Axis::Repeat(f) => (0..n * f).map(|i| i / f).collect(),
             Axis::Heads { per, f } => {
-                if per == 0 || n % per != 0 {
+                if per == 0 || !n.is_multiple_of(per) {
                     return bad(&format!("axis of {n} is not whole heads of {per}"));
                 }
                 (0..n * f).map(|i| (i / per / f) * per + i % per).collect()

@@ -46,7 +46,7 @@ impl Job<'_> {
         let o = out.as_mut_ptr();
         let fp8 = matches!(self.w, WRef::Fp8 { .. });
         let mr_max = if fp8 { D_MR_FP8 } else { D_MR };
-        debug_assert!(DIRECT_TOKEN_BLOCK % 2 == 0);
+        debug_assert!(DIRECT_TOKEN_BLOCK.is_multiple_of(2));
         for tb0 in (0..n).step_by(DIRECT_TOKEN_BLOCK) {
             let tb1 = (tb0 + DIRECT_TOKEN_BLOCK).min(n);
             let mut i0 = 0;
@@ -112,7 +112,7 @@ impl Job<'_> {
     unsafe fn gemm_avx512(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
-        debug_assert!(nrows <= ROW_BLOCK_GEMM && G_TOKEN_BLOCK % 2 == 0);
+        debug_assert!(nrows <= ROW_BLOCK_GEMM && G_TOKEN_BLOCK.is_multiple_of(2));
         let nch = cols / LANES;
         let xps = pair_stride(nch);
         let (kc, fp8) = match self.w {

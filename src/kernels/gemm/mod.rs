@@ -576,7 +576,7 @@ impl Job<'_> {
     /// Direct paths' epilogue: every element of `out` ([rows, n], lane sums) gets its scalar
     /// tail over cols % 8 columns.
     fn finish_tails(&self, wr0: usize, r0: usize, out: &mut [f32], s: &Scratch) {
-        if self.cols % LANES != 0 {
+        if !self.cols.is_multiple_of(LANES) {
             for (i, orow) in out.chunks_exact_mut(self.n).enumerate() {
                 let sc = self.fp8_scales(&s.s256, r0, r0 + i);
                 for (t, v) in orow.iter_mut().enumerate() {
@@ -600,7 +600,7 @@ impl Job<'_> {
         out: &mut [f32],
         s256: &[f32],
     ) {
-        let has_tail = self.cols % LANES != 0;
+        let has_tail = !self.cols.is_multiple_of(LANES);
         for (i, orow) in out.chunks_exact_mut(self.n).enumerate() {
             let sc = self.fp8_scales(s256, r0, r0 + i);
             let acc_i = &acc[i * ne * LANES..(i + 1) * ne * LANES]; // [ne, 8]

@@ -142,7 +142,7 @@ pub(super) fn v4_attention(
         let stride = kv.config().groups[ig].kind.width();
         for t in 0..n {
             let p = pos[t];
-            if (p + 1) % rate != 0 {
+            if !(p + 1).is_multiple_of(rate) {
                 continue;
             }
             let ch = &chunks[owner[t]];

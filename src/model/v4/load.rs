@@ -160,7 +160,7 @@ impl<'a> Names<'a> {
             0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
         ];
         let t = self.ld.store.get(n).expect("picked");
-        if cols % 2 != 0 || t.shape != [rows, cols / 2] {
+        if !cols.is_multiple_of(2) || t.shape != [rows, cols / 2] {
             return Err(Error::tensor(
                 n,
                 format!(
@@ -171,7 +171,7 @@ impl<'a> Names<'a> {
             ));
         }
         let (sc, sr, scc) = self.scales(n)?;
-        if sr != rows || scc == 0 || cols % scc != 0 {
+        if sr != rows || scc == 0 || !cols.is_multiple_of(scc) {
             return Err(Error::tensor(
                 n,
                 format!("fp4 scale grid [{sr}, {scc}] does not tile [{rows}, {cols}]"),
