@@ -579,6 +579,7 @@ fn run_target(
                         format!("{roof:.2}x"),
                         format!("{:.2}", speedup / roof),
                         format!("{dec_speedup:.2}x"),
+                        format!("{:.1}", spec.decode_tps()),
                         format!("{dec_roof:.2}x"),
                         format!("{:.2}", dec_speedup / dec_roof),
                         format!("{draft_ms_tok:.2}/{target_ms:.2}"),
@@ -602,6 +603,7 @@ fn run_target(
                         "bytes_ratio_step_over_plain": bytes_ratio, "roofline_speedup": roof,
                         "measured_over_roofline": speedup / roof,
                         "decode_speedup": dec_speedup, "decode_roofline_speedup": dec_roof,
+                        "plain_decode_tok_s": plain.decode_tps(), "spec_decode_tok_s": spec.decode_tps(),
                         "decode_measured_over_roofline": dec_speedup / dec_roof,
                         "decode_bytes_ratio_step_over_plain": dec_bytes_ratio,
                         "roofline_61_layer_target": roof61,
@@ -643,6 +645,7 @@ fn run_target(
             "roofline",
             "meas/roof",
             "decode speedup",
+            "spec decode tok/s",
             "decode roofline",
             "dec meas/roof",
             "draft ms/tok / step ms",
@@ -660,7 +663,7 @@ fn run_target(
         "greedy outputs identical to plain decoding in every run: {}\n",
         if all_identical { "YES" } else { "NO" }
     );
-    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out).\n";
+    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out);\n  spec decode tok/s = tokens those steps committed / their wall time (what llama-speculative reports as decode speed).\n";
     if a.paired > 0 {
         text += &format!(
             "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
