@@ -7,6 +7,7 @@
 //! 2. End to end on a 128-token-vocabulary model: the first sampled token with a (bad) draft model
 //!    follows the exact target distribution (goodness of fit), and the second token's distribution
 //!    matches non-speculative sampling (two-sample chi-square), both at significance 0.001.
+//!
 //! With every test at alpha = 0.001 the suite's false-alarm rate stays below ~2%; the seeds are
 //! fixed, so a run is reproducible.
 

@@ -156,7 +156,7 @@ fn v4_config_with(edit: impl Fn(&mut serde_json::Value)) -> specmla::Result<Mode
 #[test]
 fn bad_v4_configs_are_refused_with_the_field_named() {
     assert!(v4_config_with(|_| {}).is_ok());
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    let cases: Vec<ConfigEdit> = vec![
         (
             "layer_types",
             Box::new(|v| v["layer_types"][1] = "global_attention".into()),
@@ -315,8 +315,8 @@ fn official_fp8_fp4_checkpoint_loads_and_bad_scales_are_refused() {
     assert!(fp8 >= 30, "fp8 linears kept in fp8: {fp8}");
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rebuild = |edit: &dyn Fn(&str, &[u8]) -> Option<Vec<u8>>| {
-        let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let rebuild = |edit: &TensorEdit<'_>| {
+        let mut owned: Vec<OwnedTensor> = Vec::new();
         for (name, t) in st.tensors() {
             if let Some(data) = edit(&name, t.data()) {
                 owned.push((name.clone(), t.dtype(), t.shape().to_vec(), data));
@@ -355,3 +355,12 @@ fn official_fp8_fp4_checkpoint_loads_and_bad_scales_are_refused() {
     .expect("refused");
     assert!(err.contains("experts.3.w1.scale"), "{err}");
 }
+
+/// A named edit of a config.json (a case of a refusal test).
+type ConfigEdit = (&'static str, Box<dyn Fn(&mut serde_json::Value)>);
+
+/// A tensor to write back: name, dtype, shape, bytes.
+type OwnedTensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// A rewrite of one tensor's bytes by name (None: keep it).
+type TensorEdit<'a> = dyn Fn(&str, &[u8]) -> Option<Vec<u8>> + 'a;

@@ -233,7 +233,7 @@ fn per_layer_lists_may_carry_the_mtp_layers_entries() {
     // without a tail entry the MTP layer is sliding (the official release's last entry is 0)
     let c = config_with(|_| {}).unwrap();
     assert_eq!(c.v4.as_ref().unwrap().mtp_layer_types, [V4Attn::Sliding]);
-    let refused: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    let refused: Vec<ConfigEdit> = vec![
         (
             "layer_types",
             Box::new(|v| {
@@ -269,3 +269,6 @@ fn per_layer_lists_may_carry_the_mtp_layers_entries() {
         assert!(err.contains(field), "{field}: {err}");
     }
 }
+
+/// A named edit of a config.json (a case of a refusal test).
+type ConfigEdit = (&'static str, Box<dyn Fn(&mut serde_json::Value)>);

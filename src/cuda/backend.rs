@@ -694,13 +694,13 @@ pub(crate) fn rope_tables(rope: &Rope, pos: &[usize], rdim: usize) -> (Vec<f32>,
     (cos, sin)
 }
 
+/// (slots [n], q_seq [n], table [n_seqs, max_blocks], max_blocks): see [`seq_tables`].
+type SeqTables = (Vec<i64>, Vec<i32>, Vec<i32>, usize);
+
 /// The device attention's addressing from the host block tables: every new token's cache slot
 /// (block * block_size + offset), its sequence (chunk) index, and the padded block table.
 /// -> (slots [n], q_seq [n], table [n_seqs, max_blocks], max_blocks)
-pub(crate) fn seq_tables(
-    chunks: &[SeqChunk],
-    bs: usize,
-) -> Result<(Vec<i64>, Vec<i32>, Vec<i32>, usize)> {
+pub(crate) fn seq_tables(chunks: &[SeqChunk], bs: usize) -> Result<SeqTables> {
     let max_blocks = chunks
         .iter()
         .map(|c| c.kv.blocks().len())

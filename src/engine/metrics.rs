@@ -358,7 +358,7 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
     if let Some(t) = &s.kv.tier {
-        let fams: [(&str, &str, &str, &str, Vec<(&str, u64)>); 4] = [
+        let fams: [Family<'_>; 4] = [
             (
                 "kv_tier_blocks_total",
                 "counter",
@@ -441,3 +441,6 @@ pub fn render(s: &Snapshot) -> String {
     let _ = writeln!(out, "specmla_panics_contained_total {}", s.panics_contained);
     out
 }
+
+/// One metric family of the exposition: name, type, help, label name, (label value, sample) pairs.
+type Family<'a> = (&'a str, &'a str, &'a str, &'a str, Vec<(&'a str, u64)>);

@@ -133,11 +133,12 @@ pub(crate) fn build_proposer(src: DraftSource, ctx: &SwapCtx) -> Result<Box<dyn 
     })
 }
 
+/// A built drafter: the proposer (None: no drafting) and its model's config (None for a
+/// drafter without a model: n-gram, none).
+pub(crate) type Built = (Option<Box<dyn Proposer>>, Option<ModelConfig>);
+
 /// [`build`] with a panic (a dependency's, on malformed files) turned into `Error::Draft`.
-pub(crate) fn build_contained(
-    src: DraftSource,
-    ctx: &SwapCtx,
-) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+pub(crate) fn build_contained(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(src, ctx))).unwrap_or_else(
         |payload| {
             Err(Error::Draft(format!(
@@ -148,10 +149,7 @@ pub(crate) fn build_contained(
     )
 }
 
-pub(crate) fn build(
-    src: DraftSource,
-    ctx: &SwapCtx,
-) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
     let (config, store, label) = match src {
         DraftSource::None => return Ok((None, None)),
         DraftSource::Ab { a, b, ratio_b } => {
@@ -292,11 +290,7 @@ impl Swaps {
 
     /// A load on the caller's thread (`set_draft_weights_blocking*`): counted as failed when it
     /// is refused, like a background one; the error goes back to the caller.
-    pub fn build_blocking(
-        &self,
-        src: DraftSource,
-        ctx: &SwapCtx,
-    ) -> Result<(Option<Box<dyn Proposer>>, Option<ModelConfig>)> {
+    pub fn build_blocking(&self, src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
         build_contained(src, ctx).inspect_err(|_| {
             self.failed.fetch_add(1, Ordering::Relaxed);
         })

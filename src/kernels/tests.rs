@@ -369,10 +369,7 @@ fn isa_levels_parse_and_pin() {
     assert_eq!(IsaLevel::parse("sse9"), None);
     assert!(Isa::available().contains(&Isa::portable()));
     assert!(Isa::available().contains(&Isa::detect()));
-    let default_best = Isa::available()
-        .into_iter()
-        .filter(|i| !i.level().opt_in())
-        .next_back();
+    let default_best = Isa::available().into_iter().rfind(|i| !i.level().opt_in());
     assert_eq!(
         default_best,
         Some(Isa::detect()),

@@ -1082,10 +1082,9 @@ impl KvCache {
                     let wb = (i >= seq.win_first && i < seq.win_first + seq.win.len())
                         .then(|| seq.win[i - seq.win_first]);
                     let data = self.block_data(b, wb);
-                    self.tier
-                        .as_mut()
-                        .expect("tier")
-                        .persist((h, h2), toks, &data);
+                    if let Some(tier) = self.tier.as_mut() {
+                        tier.persist((h, h2), toks, &data);
+                    }
                 }
                 b
             };
@@ -1224,7 +1223,9 @@ impl KvCache {
             if let Some(b) = self.alloc.evictable_lru().next() {
                 if let Some((key, toks)) = self.tier_entry(b) {
                     let data = self.block_data(b, self.window_of(b));
-                    self.tier.as_mut().expect("tier").offload(key, &toks, data);
+                    if let Some(tier) = self.tier.as_mut() {
+                        tier.offload(key, &toks, data);
+                    }
                 }
             }
         }

@@ -43,6 +43,7 @@ const LORA_NORM_EPS: f32 = 1e-6;
 
 /// Attention for all tokens of a layer. `xn`: [n, hidden] (normalised input); `pos`: [n] absolute
 /// positions; chunks cover the n tokens in order. Returns o_proj output [n, hidden].
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn mla_attention(
     cfg: &ModelConfig,
     rope: &Rope,

@@ -149,7 +149,7 @@ impl KvTier {
         self.disk.as_ref().is_some_and(|d| d.contains(key))
     }
 
-    fn to_disk(&mut self, key: TierKey, tokens: &[u32], data: &[u8]) -> bool {
+    fn write_disk(&mut self, key: TierKey, tokens: &[u32], data: &[u8]) -> bool {
         let Some(d) = self.disk.as_mut() else {
             return false;
         };
@@ -167,7 +167,7 @@ impl KvTier {
         self.stats.offloaded_blocks += 1;
         self.stats.offloaded_bytes += data.len() as u64;
         if self.block_bytes > self.mem_cap {
-            if !self.to_disk(key, tokens, &data) {
+            if !self.write_disk(key, tokens, &data) {
                 self.stats.dropped_blocks += 1;
             }
             return;
@@ -178,7 +178,7 @@ impl KvTier {
                 .pop_first()
                 .expect("a full memory tier holds blocks");
             let e = self.mem.remove(&old).expect("lru entry");
-            if !self.on_disk(&old) && !self.to_disk(old, &e.tokens, &e.data) {
+            if !self.on_disk(&old) && !self.write_disk(old, &e.tokens, &e.data) {
                 self.stats.dropped_blocks += 1;
             }
         }
@@ -198,7 +198,7 @@ impl KvTier {
     /// A block just published to the prefix cache: written through to the file (no-op without
     /// one, or when the file already holds it).
     pub(crate) fn persist(&mut self, key: TierKey, tokens: &[u32], data: &[u8]) {
-        if self.disk.is_some() && !self.on_disk(&key) && self.to_disk(key, tokens, data) {
+        if self.disk.is_some() && !self.on_disk(&key) && self.write_disk(key, tokens, data) {
             self.stats.persisted_blocks += 1;
         }
     }

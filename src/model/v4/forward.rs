@@ -39,6 +39,7 @@ fn unweighted_norm(x: &[f32], w: usize, eps: f32) -> Vec<f32> {
 
 /// One hyper-connection: returns (post [n, N], comb [n, N, N] (comb[j][k] mixes input stream j
 /// into output stream k), collapsed [n, hidden]). x: [n, N, hidden].
+#[allow(clippy::too_many_arguments)]
 fn hyper(
     hc: &HyperConn,
     x: &[f32],

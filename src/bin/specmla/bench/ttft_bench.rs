@@ -9,6 +9,7 @@
 //!   full block of the prefix comes from the file);
 //! - memory: one engine whose pool is too small to keep the prefix while another long prompt
 //!   runs, so its blocks are evicted into the host-memory tier and restored from it.
+//!
 //! Each arm checks its first token against the recomputed one (the restored KV is the same
 //! bytes). Reported: TTFT p50 per arm, speedup over recomputing, blocks restored.
 
