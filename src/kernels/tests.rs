@@ -284,8 +284,8 @@ fn batch_invariance_bitwise_simd() {
             // scale blocks per row, row tails of 1, token tiles of 1..4).
             check_batch_invariance(isa, kind, 37, 192, &small, &[1, 2, 3]);
             check_batch_invariance(isa, kind, 261, 384, &[2, 5, 17, 49], &[1, 2, 3]);
-            // 1024 columns: the avx512bf16 level's single-pass tiles at 7..=9 tokens (3-row
-            // tiles, a row tail of 1), the two-pass tiles around them.
+            // 1024 columns: the avx512bf16 level's single-pass tiles at 7..=9 tokens (3 x 7,
+            // 2 x 8, 2 x 9, a row tail of 1), the two-pass tiles around them.
             check_batch_invariance(isa, kind, 37, 1024, &small, &[1, 2]);
         }
     }

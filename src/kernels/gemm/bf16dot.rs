@@ -15,9 +15,9 @@
 //! thread): 16 f32 lane accumulators; for each 32-column chunk c in increasing order, lane l
 //! adds the pair (w[32c + 2l] x[32c + 2l], w[32c + 2l + 1] x[32c + 2l + 1]) by one `vdpbf16ps`
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
-//! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 8 x 1 for one token,
-//! 3 x 7..=9 in one pass where the tokens fit L1 beside the weights, 4 x 6 passes otherwise)
-//! change only which elements are computed together.
+//! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 8 x 1 for one token;
+//! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights; 4 x 6 passes
+//! otherwise) change only which elements are computed together.
 //!
 //! fp8 (`tile_fp8`, `convert_fp8_rows`): every e4m3 value is exact in bf16, so a 64-byte group
 //! of weights becomes two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high
@@ -49,18 +49,33 @@ const MR1: usize = 8;
 /// the row tiles of a row block sweep them.
 const TOKEN_BLOCK: usize = 48;
 
-/// Rows per register tile of the single-pass path (7..=9 tokens x 3 rows: 27 accumulators).
-const MR_SP: usize = 3;
+/// Rows per register tile of the single-pass path at `n` tokens: every token's chunk held in a
+/// register beside the rows' accumulators (3 x 7 + 7 + 1, 2 x 8 + 8 + 1, 2 x 9 + 9 + 1 of the 32
+/// zmm registers), so a weight line is loaded once and each token's chunk once per row tile.
+const fn mr_sp(n: usize) -> usize {
+    if n == 7 {
+        3
+    } else {
+        2
+    }
+}
+
 /// Token counts of the single-pass path: a 9-token verification (k = 8) and its neighbours,
 /// which the two-pass 4 x 6 tiles split into a 6-token and a 1..3-token pass.
 const SP_TOKENS: std::ops::RangeInclusive<usize> = 7..=9;
-/// L1 bytes the single-pass path's packed activations ([n, cols] bf16) may take: the tile
-/// reads every token's chunk once per row, so they must stay in the 32 KB L1 with the weights.
+/// L1 bytes the single-pass path's packed activations ([n, cols] bf16) may take: every row tile
+/// reads every token's chunk again, so they must stay in the 32 KB L1 with the weights.
 const SP_X_BYTES: usize = 27 * 1024;
 
-/// Whether `n` tokens over `cols` columns take the single-pass tiles ([`tile_sp`]): 7..=9
+/// Whether `n` tokens over `cols` columns take the single-pass tiles ([`mr_sp`] x n): 7..=9
 /// tokens, activations within [`SP_X_BYTES`], rows of at least 1024 columns (measured: shorter
-/// rows streamed slower single-pass than in the 4 x 6 + 4 x 3 passes; BENCHMARKS.md).
+/// rows streamed slower single-pass than in the 4 x 6 + 4 x 3 passes; BENCHMARKS.md). Why one
+/// pass: the 4 x 6 tiles take 9 tokens in two passes over a row tile, and during the second
+/// (3 tokens, weights from L1/L2) no weights stream from memory, so a 9-token product overlapped
+/// its multiply-adds with the stream only in part. Why the tokens in registers: with each
+/// token's chunk a memory operand of its `vdpbf16ps` (the first single-pass tiles, 3 x 9), a
+/// weight line cost 10 loads per 9 multiply-adds and the load ports, not the dot unit, set the
+/// pace; 2 x 9 takes 11 loads per 18.
 fn single_pass(n: usize, cols: usize) -> bool {
     SP_TOKENS.contains(&n) && cols >= 1024 && n * cols * 2 <= SP_X_BYTES
 }
@@ -225,51 +240,6 @@ unsafe fn tile<const R: usize, const T: usize>(
             for j in 0..T {
                 ai[j] =
                     _mm512_dpbf16_ps(ai[j], wv, std::mem::transmute::<__m512i, __m512bh>(xv[j]));
-            }
-        }
-    }
-    for (i, ai) in acc.iter().enumerate() {
-        for (j, v) in ai.iter().enumerate() {
-            *out.add(i * on + j) = hsum16(*v);
-        }
-    }
-}
-
-/// The single-pass register tile: rows `w + i * ws` (i < R) times ALL `T` tokens `x + j * xs`
-/// (7..=9), all `nk` chunks, into `out[i * on + j]` — each weight line is loaded from memory
-/// once and used for every token while it is in a register, the tokens' chunks re-read from L1
-/// per row; prefetches `pf_rows` rows from `pf`. Same per-element order (and bits) as [`tile`].
-/// Why: [`tile`]'s 4 x 6 tiles take 9 tokens in two passes over a row tile, and during the
-/// second (3 tokens, weights from L1/L2) no weights stream from memory, so a 9-token product
-/// overlapped its multiply-adds with the stream only in part.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_sp<const R: usize, const T: usize>(
-    w: *const u16,
-    ws: usize,
-    x: *const u16,
-    xs: usize,
-    nk: usize,
-    out: *mut f32,
-    on: usize,
-    pf: *const u16,
-    pf_rows: usize,
-) {
-    let l2 = prefetch_to_l2();
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    for c in 0..nk {
-        let off = c * K_CHUNK;
-        for r in 0..pf_rows {
-            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
-        }
-        for (i, ai) in acc.iter_mut().enumerate() {
-            let wv: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(w.add(i * ws + off) as *const _));
-            for (j, a) in ai.iter_mut().enumerate() {
-                let xv: __m512bh =
-                    std::mem::transmute(_mm512_loadu_si512(x.add(j * xs + off) as *const _));
-                *a = _mm512_dpbf16_ps(*a, wv, xv);
             }
         }
     }
@@ -568,19 +538,19 @@ impl Job<'_> {
         if single_pass(n, cols) {
             let mut i0 = 0;
             while i0 < nrows {
-                let m = if nrows - i0 >= MR_SP { MR_SP } else { 1 };
+                let m = if nrows - i0 >= mr_sp(n) { mr_sp(n) } else { 1 };
                 let pf_rows = left(i0 + m).min(m);
                 let (w, op) = (w0.add(i0 * cols), o.add(i0 * n));
                 let pf = w.add(m * cols);
                 macro_rules! go {
                     ($($r:literal, $t:literal);*) => {
                         match (m, n) {
-                            $(($r, $t) => tile_sp::<$r, $t>(w, cols, x, cols, nk, op, n, pf, pf_rows),)*
+                            $(($r, $t) => tile::<$r, $t>(w, cols, x, cols, nk, op, n, pf, pf_rows),)*
                             _ => unreachable!("bf16-dot single-pass tile {m}x{n}"),
                         }
                     };
                 }
-                go!(3, 7; 3, 8; 3, 9; 1, 7; 1, 8; 1, 9);
+                go!(3, 7; 2, 8; 2, 9; 1, 7; 1, 8; 1, 9);
                 i0 += m;
             }
             return;
