@@ -556,8 +556,11 @@ fn run_target(
                             100.0 * acc
                         ));
                     }
-                    let draft_ms_tok = 1e3 * spec.stats.time_draft_s
-                        / spec.stats.totals.drafted_tokens.max(1) as f64;
+                    // Draft time per drafted token; none when the run drafted nothing (a drafter
+                    // can still spend time then: an MTP layer or draft model catching up).
+                    let draft_ms_tok = (spec.stats.totals.drafted_tokens > 0).then(|| {
+                        1e3 * spec.stats.time_draft_s / spec.stats.totals.drafted_tokens as f64
+                    });
                     let target_ms =
                         1e3 * plain.stats.time_target_forward_s / plain.stats.steps.max(1) as f64;
                     rows.push(vec![
@@ -582,7 +585,10 @@ fn run_target(
                         format!("{:.1}", spec.decode_tps()),
                         format!("{dec_roof:.2}x"),
                         format!("{:.2}", dec_speedup / dec_roof),
-                        format!("{draft_ms_tok:.2}/{target_ms:.2}"),
+                        match draft_ms_tok {
+                            Some(ms) => format!("{ms:.2}/{target_ms:.2}"),
+                            None => format!("-/{target_ms:.2}"),
+                        },
                         if identical { "yes".into() } else { "NO".into() },
                         match paired_median {
                             Some(m) => {
@@ -663,7 +669,7 @@ fn run_target(
         "greedy outputs identical to plain decoding in every run: {}\n",
         if all_identical { "YES" } else { "NO" }
     );
-    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out);\n  spec decode tok/s = tokens those steps committed / their wall time (what llama-speculative reports as decode speed).\n";
+    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out);\n  spec decode tok/s = tokens those steps committed / their wall time (what llama-speculative reports as decode speed).\n  draft ms/tok / step ms = the drafter's time per drafted token (- when it drafted none) / plain's target forward per step.\n";
     if a.paired > 0 {
         text += &format!(
             "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
