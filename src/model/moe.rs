@@ -165,14 +165,29 @@ pub(crate) fn moe(
         return (moe_one_token(m, &routes[0], x), bytes);
     }
     let work = n * k * 3 * h * cfg.moe_intermediate_size; // multiply-adds of all routed experts
-    let outs: Vec<Vec<f32>> = map_indices(active.len(), work, |ai| {
-        let toks = &per_expert[active[ai]];
-        let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
-        for (i, &(t, _)) in toks.iter().enumerate() {
-            xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+    let routed_experts = || {
+        map_indices(active.len(), work, |ai| {
+            let toks = &per_expert[active[ai]];
+            let mut xe = vec![0f32; toks.len() * h]; // [n_e, hidden]
+            for (i, &(t, _)) in toks.iter().enumerate() {
+                xe[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            mlp(&m.experts[active[ai]], &xe, toks.len())
+        })
+    };
+    // The shared experts beside the routed ones: with several tokens the shared experts'
+    // products are compute-bound (every token through one wide MLP) while each routed expert
+    // sees a few tokens and streams its weights, so running them side by side keeps the memory
+    // busy while the other core multiplies. Each product is computed as it would be alone
+    // (thread- and batch-invariant kernels), and they are summed below in the fixed order.
+    let (outs, shared): (Vec<Vec<f32>>, Option<Vec<f32>>) = match &m.shared {
+        Some(sh) if crate::kernels::worth_parallel(work) => {
+            let (o, s) = rayon::join(routed_experts, || mlp(sh, x, n));
+            (o, Some(s))
         }
-        mlp(&m.experts[active[ai]], &xe, toks.len())
-    });
+        Some(sh) => (routed_experts(), Some(mlp(sh, x, n))),
+        None => (routed_experts(), None),
+    };
     let mut slots = vec![0f32; n * k * h]; // [n, k, hidden]
     for (ai, &e) in active.iter().enumerate() {
         for (i, &(t, s)) in per_expert[e].iter().enumerate() {
@@ -180,10 +195,7 @@ pub(crate) fn moe(
                 .copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
         }
     }
-    let mut y = match &m.shared {
-        Some(sh) => mlp(sh, x, n),
-        None => vec![0f32; n * h],
-    };
+    let mut y = shared.unwrap_or_else(|| vec![0f32; n * h]); // [n, hidden]
     // Reference order: routed sum first, then + shared.
     let mut routed = vec![0f32; h]; // [hidden]
     for t in 0..n {
