@@ -7,6 +7,7 @@
 //! steps. `step` itself is serialised (one at a time).
 
 mod commit;
+mod config;
 mod contain;
 mod core;
 mod drafts;
@@ -14,6 +15,7 @@ pub mod metrics;
 pub mod request;
 mod schedule;
 pub mod score;
+mod stats;
 mod swap;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -22,20 +24,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::kernels::{pin_thread, Isa, IsaLevel};
-use crate::kv::{KvCache, KvConfig, KvDtype, KvStats};
+use crate::kv::{KvCache, KvConfig};
 use crate::model::Model;
 use crate::sampling::{Rng, StopMatcher};
 use crate::spec::{BudgetConfig, BudgetState, Counters, Proposer, SpecMode};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use self::core::Core;
+pub(crate) use config::check_draft_p_min;
+pub use config::{EngineConfig, DEFAULT_DRAFT_P_MIN};
 pub use core::DecodeSteps;
 use request::ReqState;
 pub use request::{Event, Fault, FaultSite, FinishReason, Prompt, Request};
+use stats::CounterBook;
+pub use stats::{EngineStats, Output};
 pub use swap::{DraftSource, GuardThreshold, SwapGuard, SwapStatus};
 
 /// A guard's threshold must be a rate (absolute: [0, 1]; relative: >= 0) and it must wait for
@@ -58,173 +63,6 @@ fn check_guard(g: &SwapGuard) -> Result<()> {
 /// information here and must not take the engine down.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Engine settings.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// Worker threads for the forward pass (0 = all cores).
-    pub threads: usize,
-    /// Target KV cache dtype.
-    pub kv_dtype: KvDtype,
-    /// Draft KV cache dtype (None = same as the target's).
-    pub draft_kv_dtype: Option<KvDtype>,
-    /// Dtype of a V3.2 target's index-key cache group (None = same as `kv_dtype`); fp8 and
-    /// bf16 keys are Hadamard-rotated before they are rounded.
-    pub index_kv_dtype: Option<KvDtype>,
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// Target KV pool size in blocks.
-    pub num_blocks: usize,
-    /// Draft KV pool size in blocks.
-    pub draft_num_blocks: usize,
-    /// Blocks of the target's sliding-window pool (V4's K=V rows and compressor inputs; each
-    /// sequence holds only the blocks of its lookback). None = enough for `max_running`
-    /// sequences' lookback plus one prefill chunk, at most `num_blocks`. Ignored by MLA models.
-    pub kv_window_blocks: Option<usize>,
-    /// Per-step token budget (prefill is chunked to fit).
-    pub max_batch_tokens: usize,
-    /// Maximum requests running at once.
-    pub max_running: usize,
-    /// Share full prompt blocks across requests.
-    pub prefix_cache: bool,
-    /// Draft length policy (used when a drafter is set).
-    pub spec: SpecMode,
-    /// Confidence cut of the model drafters (draft model, MTP layer): a request stops drafting
-    /// for the step after a token its drafter gave a probability below this (softmax of the
-    /// draft logits for greedy requests, q for sampled ones), so a weak drafter's unlikely
-    /// tokens are neither drafted further nor verified — llama.cpp's `--draft-p-min`. Outputs
-    /// are unchanged (verification is the same); only k per request per step shrinks. 0 = off;
-    /// default [`DEFAULT_DRAFT_P_MIN`]; must be in [0, 1]. The n-gram drafter has no
-    /// probabilities and ignores it.
-    pub draft_p_min: f32,
-    /// Kernel instruction set (None = the best this CPU has). Pinned on every worker of the
-    /// engine's pool; asking for one the CPU lacks is an error. All levels give the same bits.
-    pub isa: Option<IsaLevel>,
-    /// The target cache's second tier (`kv::tier`): evicted prefix blocks kept in host memory
-    /// and, with a directory, in a file that outlives the engine. None = off.
-    pub kv_offload: Option<crate::kv::TierConfig>,
-    /// Where the TARGET's forward runs: the CPU kernels (default) or a CUDA device
-    /// (`cuda::CudaBackend`; a V2 / V3 draft model with a bf16 draft KV cache runs there too;
-    /// the MTP layer, sampling and scheduling stay on the host). A CUDA device
-    /// needs a V2 / V3 target with a bf16 latent cache and bf16 routed experts; the prefix cache
-    /// and the second KV tier are off there (their block copies are host-side). A machine
-    /// without a driver or device gives an error at creation.
-    pub device: crate::backend::Device,
-}
-
-/// Default confidence cut of the model drafters (`EngineConfig::draft_p_min`), llama.cpp's
-/// `--draft-p-min` default. On the widened target at batch 1 (docs/BENCHMARKS.md, "Drafters'
-/// confidence cut") it kept fixed-k speculation from collapsing with a weak drafter (the MTP
-/// layer at k = 8: 0.55x -> 0.97x of plain; draft-weak k = 8: 1.41x -> 1.84x, pairs) and left
-/// the strong draft model's rows where they were.
-pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
-
-/// `EngineConfig::draft_p_min` must be a probability in [0, 1] (NaN refused): the engine's check,
-/// also run by the C ABI when it reads `specmla_engine_params`.
-pub(crate) fn check_draft_p_min(p: f32) -> Result<()> {
-    if (0.0..=1.0).contains(&p) {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "draft_p_min {p} is not a probability in [0, 1]"
-        )))
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            threads: 0,
-            kv_dtype: KvDtype::F32,
-            draft_kv_dtype: None,
-            index_kv_dtype: None,
-            block_size: 16,
-            num_blocks: 2048,
-            draft_num_blocks: 2048,
-            kv_window_blocks: None,
-            max_batch_tokens: 512,
-            max_running: 64,
-            prefix_cache: true,
-            spec: SpecMode::Fixed(4),
-            draft_p_min: DEFAULT_DRAFT_P_MIN,
-            isa: None,
-            kv_offload: None,
-            device: crate::backend::Device::Cpu,
-        }
-    }
-}
-
-/// Final result of one request (for `generate`).
-#[derive(Clone, Debug, Serialize)]
-pub struct Output {
-    pub id: u64,
-    pub text: String,
-    pub token_ids: Vec<u32>,
-    pub logprobs: Vec<f32>,
-    pub finish_reason: String,
-    pub counters: Counters,
-}
-
-/// Engine-wide statistics.
-#[derive(Clone, Debug, Serialize)]
-pub struct EngineStats {
-    pub steps: u64,
-    pub running: usize,
-    pub waiting: usize,
-    /// Counters summed over finished, running and waiting requests.
-    pub totals: Counters,
-    pub mean_acceptance_length: f64,
-    pub time_target_forward_s: f64,
-    pub time_draft_s: f64,
-    /// Weight bytes the target's forwards needed (every dense matrix once per forward, the
-    /// union of the experts its tokens selected, lm_head): the roofline's numerator.
-    pub target_weight_bytes: u64,
-    /// Decode-only steps (no prompt chunk): count, wall time, committed tokens, weight bytes.
-    pub decode: core::DecodeSteps,
-    #[serde(skip)]
-    pub kv: KvStats,
-    #[serde(skip)]
-    pub draft_kv: Option<KvStats>,
-    pub target_kv_bytes_per_token: usize,
-    pub draft_kv_bytes_per_token: usize,
-    pub draft_generation: u64,
-    pub drafter: String,
-    /// Panics inside a step that were contained (`engine::contain`); each failed at most the
-    /// request that caused it.
-    pub panics_contained: u64,
-    /// KV block references given back after contained panics (requests the unwinding dropped
-    /// with their block tables).
-    pub kv_blocks_reclaimed: u64,
-    /// Panics inside the drafter: each switched drafting off (plain decoding, outputs unchanged)
-    /// instead of failing requests.
-    pub drafter_panics: u64,
-    /// Why drafting is off, until `set_draft_weights` installs a new drafter.
-    pub drafter_disabled: Option<String>,
-    /// Draft swaps refused so far (bad weights or directory, background or blocking load).
-    pub swaps_failed: u64,
-}
-
-/// Counters readable without the step lock: live requests, and the most recent finished ones.
-#[derive(Default)]
-struct CounterBook {
-    live: HashMap<u64, Counters>,
-    finished: HashMap<u64, Counters>,
-    order: VecDeque<u64>,
-}
-
-impl CounterBook {
-    /// Finished requests whose counters stay readable.
-    const KEEP_FINISHED: usize = 65536;
-    fn finish(&mut self, id: u64, c: Counters) {
-        self.finished.insert(id, c);
-        self.order.push_back(id);
-        while self.order.len() > Self::KEEP_FINISHED {
-            if let Some(old) = self.order.pop_front() {
-                self.finished.remove(&old);
-            }
-        }
-    }
 }
 
 enum Command {

@@ -196,7 +196,7 @@ pub(crate) fn moe(
         }
     }
     let mut y = shared.unwrap_or_else(|| vec![0f32; n * h]); // [n, hidden]
-    // Reference order: routed sum first, then + shared.
+                                                             // Reference order: routed sum first, then + shared.
     let mut routed = vec![0f32; h]; // [hidden]
     for t in 0..n {
         routed.fill(0.0);
