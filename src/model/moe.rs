@@ -180,6 +180,7 @@ pub(crate) fn moe(
     // sees a few tokens and streams its weights, so running them side by side keeps the memory
     // busy while the other core multiplies. Each product is computed as it would be alone
     // (thread- and batch-invariant kernels), and they are summed below in the fixed order.
+    // outs: per active expert [n_e, hidden]; shared: [n, hidden]
     let (outs, shared): (Vec<Vec<f32>>, Option<Vec<f32>>) = match &m.shared {
         Some(sh) if crate::kernels::worth_parallel(work) => {
             let (o, s) = rayon::join(routed_experts, || mlp(sh, x, n));
@@ -195,8 +196,8 @@ pub(crate) fn moe(
                 .copy_from_slice(&outs[ai][i * h..(i + 1) * h]);
         }
     }
+    // Reference order: routed sum first, then + shared.
     let mut y = shared.unwrap_or_else(|| vec![0f32; n * h]); // [n, hidden]
-                                                             // Reference order: routed sum first, then + shared.
     let mut routed = vec![0f32; h]; // [hidden]
     for t in 0..n {
         routed.fill(0.0);
