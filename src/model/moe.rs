@@ -10,7 +10,7 @@
 //! were routed to the same experts.
 
 use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
-use crate::kernels::{map_indices, matmul, matmul_f32, matmul_many, silu_mul};
+use crate::kernels::{map_indices, matmul, matmul_f32, matmul_many, silu_mul, worth_parallel};
 
 use super::weights::{Expert, Moe};
 
@@ -182,7 +182,7 @@ pub(crate) fn moe(
     // (thread- and batch-invariant kernels), and they are summed below in the fixed order.
     // outs: per active expert [n_e, hidden]; shared: [n, hidden]
     let (outs, shared): (Vec<Vec<f32>>, Option<Vec<f32>>) = match &m.shared {
-        Some(sh) if crate::kernels::worth_parallel(work) => {
+        Some(sh) if worth_parallel(work) => {
             let (o, s) = rayon::join(routed_experts, || mlp(sh, x, n));
             (o, Some(s))
         }

@@ -8,7 +8,6 @@ use super::*;
 impl Job<'_> {
     /// Decode weight rows [wr0, wr0 + nrows) x chunks [c0, c0 + nc) into `panel` (f32, row
     /// stride nc * 8); f32 weights are read in place. Returns (first row, row stride).
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn decode_panel(
         &self,
@@ -32,7 +31,6 @@ impl Job<'_> {
         (panel.as_ptr(), nc * LANES)
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn row_block_simd(
         &self,
@@ -51,7 +49,6 @@ impl Job<'_> {
     /// Few tokens (memory-bound): decode weights on the fly into register tiles that hold their
     /// accumulators over the whole row — n = 1: 8 rows (fp8: 4); else 4 rows x 3 tokens
     /// (fp8: 2 x 3). A row tile's weights are re-read from cache for each token tile.
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn direct_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         use crate::kernels::simd::{direct, direct_fp8};
@@ -174,7 +171,6 @@ impl Job<'_> {
     /// Many tokens (compute-bound): per token block and column block, decode an f32 panel and
     /// sweep MR x NR register tiles over it with accumulators in `s.acc`; then lane-sum and tail
     /// every element.
-    #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn gemm_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
@@ -227,7 +223,6 @@ impl Job<'_> {
 }
 
 /// Runtime (rows, tokens) tile size to the monomorphised register tile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_dyn(
