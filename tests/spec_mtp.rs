@@ -208,6 +208,100 @@ fn swaps_to_and_from_mtp_keep_outputs() {
     assert_eq!(e.stats().drafter, "mtp");
 }
 
+/// Prefix caching with the MTP drafter: a request whose prompt shares a cached prefix reuses
+/// the target's KV of it AND the MTP layer's own KV of it (the MTP needs the target's hidden
+/// states of every position, which a reused prefix does not recompute). Outputs equal plain
+/// decoding, and the drafts are exactly those of an engine without prefix caching (same
+/// drafted and accepted counts per position, request by request): the restored MTP KV is the
+/// one a full recompute writes.
+#[test]
+fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
+    let text =
+        std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("workload");
+    let ids = |l: &str| -> Vec<u32> {
+        let v: Value = serde_json::from_str(l).unwrap();
+        v["prompt_token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut system = ids(lines[7]); // a shared "system" prefix (without its <think>)
+    system.pop();
+    assert!(
+        system.len() >= 33,
+        "shared prefix of {} tokens",
+        system.len()
+    );
+    let mut reqs = requests(7);
+    for (i, r) in reqs.iter_mut().enumerate() {
+        // the last one shares exactly two blocks of tokens: the MTP's second block reads the
+        // first token after them, so only one block of both caches can be reused
+        let mut p = if i == 6 {
+            system[..32].to_vec()
+        } else {
+            system.clone()
+        };
+        p.extend(ids(lines[i]));
+        r.prompt = Prompt::Tokens(p);
+    }
+    let plain = Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
+    let base: Vec<Output> = reqs
+        .iter()
+        .flat_map(|r| run(&plain, vec![r.clone()], &[]))
+        .collect();
+    let mut runs = Vec::new();
+    for prefix_cache in [true, false] {
+        let mut c = cfg(SpecMode::Fixed(3));
+        c.prefix_cache = prefix_cache;
+        let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+        // one request at a time: each finds the previous ones' blocks cached
+        let got: Vec<Output> = reqs
+            .iter()
+            .flat_map(|r| run(&e, vec![r.clone()], &[]))
+            .collect();
+        assert_same(&format!("prefix cache {prefix_cache}"), &base, &got, &reqs);
+        runs.push((got, e.stats()));
+    }
+    let ((on, st_on), (off, _)) = (&runs[0], &runs[1]);
+    // Whole 16-position blocks both caches hold: the target's keyed by t_0..t_{n-1}, the MTP's
+    // by t_1..t_n (position j reads t_{j+1}).
+    let full = ((system.len() - 1) / 16 * 16) as u64;
+    for (i, (a, b)) in on.iter().zip(off).enumerate() {
+        let want = match i {
+            0 => 0,
+            6 => 16,
+            _ => full,
+        };
+        assert_eq!(
+            a.counters.cached_prompt_tokens, want,
+            "request {i}: {} prompt tokens reused",
+            a.counters.cached_prompt_tokens
+        );
+        assert_eq!(b.counters.cached_prompt_tokens, 0);
+        assert!(a.counters.drafted_tokens > 0, "request {i} drafted");
+        assert_eq!(
+            (
+                &a.counters.drafted_per_position,
+                &a.counters.accepted_per_position
+            ),
+            (
+                &b.counters.drafted_per_position,
+                &b.counters.accepted_per_position
+            ),
+            "request {i}: drafts with a restored MTP KV differ from a recomputed one"
+        );
+    }
+    let mtp_kv = st_on.draft_kv.as_ref().expect("MTP KV stats");
+    assert!(
+        mtp_kv.prefix_hit_tokens >= 5 * full + 16,
+        "MTP prefix hits: {}",
+        mtp_kv.prefix_hit_tokens
+    );
+}
+
 #[test]
 fn a_target_without_mtp_refuses_the_mtp_drafter() {
     let no_mtp = repo().join("models/golden/v3_dense3");

@@ -162,6 +162,58 @@ fn v4_mtp_greedy_is_bitwise_lossless() {
     assert_same_outputs("v4 mtp adaptive", &base, &run(&e, &reqs, &[]), &reqs);
 }
 
+/// Prefix caching with the V4 MTP drafter (sliding-window and compressed caches on both
+/// sides): requests sharing a 40-token prefix, one at a time, reuse the cached blocks, keep
+/// plain outputs, and draft exactly what an engine without prefix caching drafts.
+#[test]
+fn v4_prefix_cache_hits_restore_the_mtp_kv() {
+    let shared: Vec<u32> = (0..40u32).map(|i| 13 + (i * 37) % 110).collect();
+    let reqs: Vec<Request> = requests(5)
+        .into_iter()
+        .map(|mut r| {
+            if let specmla::engine::Prompt::Tokens(t) = &mut r.prompt {
+                let mut p = shared.clone();
+                p.extend_from_slice(t);
+                *t = p;
+            }
+            r
+        })
+        .collect();
+    let base = baseline(&reqs);
+    let mut runs = Vec::new();
+    for prefix_cache in [true, false] {
+        let mut c = spec_test_cfg(SpecMode::Fixed(2));
+        c.prefix_cache = prefix_cache;
+        let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+        let got: Vec<Output> = reqs
+            .iter()
+            .flat_map(|r| run(&e, std::slice::from_ref(r), &[]))
+            .collect();
+        assert_same_outputs(&format!("v4 mtp prefix {prefix_cache}"), &base, &got, &reqs);
+        runs.push(got);
+    }
+    for (i, (a, b)) in runs[0].iter().zip(&runs[1]).enumerate() {
+        if i > 0 {
+            assert!(
+                a.counters.cached_prompt_tokens >= 16,
+                "request {i}: {:?}",
+                a.counters
+            );
+        }
+        assert_eq!(
+            (
+                &a.counters.drafted_per_position,
+                &a.counters.accepted_per_position
+            ),
+            (
+                &b.counters.drafted_per_position,
+                &b.counters.accepted_per_position
+            ),
+            "request {i}"
+        );
+    }
+}
+
 #[test]
 fn swaps_to_and_from_the_v4_mtp_drafter_keep_outputs() {
     let reqs = requests(12);

@@ -232,13 +232,18 @@ impl Core {
             let Some(mut r) = next else {
                 break;
             };
-            // A reused prefix has no target hidden states, which an MTP drafter needs.
-            let reuse =
-                self.cfg.prefix_cache && !self.proposer.as_ref().is_some_and(|p| p.wants_hidden());
-            if r.kv.is_empty() && reuse && r.tokens.len() > 1 {
+            if r.kv.is_empty() && self.cfg.prefix_cache && r.tokens.len() > 1 {
                 let prompt = &r.tokens[..r.prompt_len];
-                let max = prompt.len().min(r.tokens.len() - 1);
+                let mut max = prompt.len().min(r.tokens.len() - 1);
+                // A reused prefix has no target hidden states: a drafter that needs them (MTP)
+                // restores its own state of the prefix, and the target reuses no more than that.
+                if let Some(p) = self.proposer.as_mut() {
+                    max = p.match_prefix(r.id, prompt, max);
+                }
                 r.kv = self.kv.match_prefix(prompt, max);
+                if let Some(p) = self.proposer.as_mut() {
+                    p.settle_prefix(r.id, r.kv.len());
+                }
                 if r.counters.preemptions == 0 {
                     r.counters.cached_prompt_tokens = r.kv.len() as u64;
                 }
@@ -251,6 +256,9 @@ impl Core {
                 }
                 Err(_) => {
                     self.kv.free(&mut r.kv);
+                    if let Some(p) = self.proposer.as_mut() {
+                        p.release(r.id); // what it restored at the match above
+                    }
                     self.waiting.push_front(r);
                     break;
                 }

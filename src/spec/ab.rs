@@ -192,6 +192,26 @@ impl Proposer for AbProposer {
         }
     }
 
+    fn match_prefix(&mut self, id: u64, prompt: &[u32], max: usize) -> usize {
+        // Before its first proposal a request may go to either arm: both restore, the target
+        // keeps what both can use.
+        let mut keep = max;
+        for a in self.targets(id) {
+            if let Some(p) = self.arms[a].as_mut() {
+                keep = keep.min(p.match_prefix(id, prompt, max));
+            }
+        }
+        keep
+    }
+
+    fn settle_prefix(&mut self, id: u64, len: usize) {
+        for a in self.targets(id) {
+            if let Some(p) = self.arms[a].as_mut() {
+                p.settle_prefix(id, len);
+            }
+        }
+    }
+
     fn arm_of(&self, id: u64, asked: Option<u8>) -> Option<u8> {
         Some(self.arm(id, asked))
     }

@@ -17,6 +17,14 @@
 //! inputs are committed tokens and target hidden states. A request without hidden states for
 //! some position it needs (drafter swapped in mid-request) drafts nothing and decodes plainly.
 //!
+//! Prefix caching: a request admitted onto cached prompt blocks has no target hidden states for
+//! them, so the MTP KV of the prompt is cached too, in this proposer's own cache, keyed one token
+//! on (position j is computed from t_{j+1}; `prefix_keys`). At admission the proposer restores
+//! what it holds of the prompt and the target reuses no more than that (`match_prefix`,
+//! `settle_prefix`); a request admitted that way publishes its MTP prompt blocks once they are
+//! written. Restored or recomputed, the MTP KV of a prompt is the same (prompt positions take
+//! the reproducible MHA path), and so are the drafts.
+//!
 //! Catch-up is bounded per round by the draft model's rule (`draft_model::catch_up_roles`), so
 //! a burst of new prompts does not stall a step: catch-ups of at most 16 positions (the normal
 //! case) always run; longer ones (a new request's prompt) run whole while they fit a shared
@@ -50,6 +58,10 @@ struct MtpSeq {
     /// Whether `rng` was seeded from the request's params (the first `propose`; hidden rows
     /// can arrive before it).
     seeded: bool,
+    /// Admitted through prefix matching: publish its prompt positions once computed.
+    publish: bool,
+    /// The prompt's prefix keys, from `match_prefix` until `settle_prefix`.
+    keys: Vec<u32>,
 }
 
 /// The target's MTP layer as a drafter.
@@ -99,7 +111,25 @@ fn new_seq(seed: u64) -> MtpSeq {
         fed: Vec::new(),
         rng: Rng::new(seed ^ 0x6d74_705f_6472_6166),
         seeded: false,
+        publish: false,
+        keys: Vec::new(),
     }
+}
+
+/// The prefix-cache keys of the MTP positions of a prompt (one per position, `prompt.len() - 1`
+/// of them): position j is computed from t_{j+1} and the target's hidden state at j, i.e. from
+/// tokens t_0..=t_{j+1} (prompt positions take the reproducible MHA path), so it is keyed by
+/// t_{j+1}, and position 0 by (t_0, t_1) folded into one value with the top bit set (outside
+/// any vocabulary) so that prompts differing only in their first token do not share. Two
+/// first-token pairs folding alike (odds ~2^-31) would only cost acceptance, never outputs:
+/// drafts are verified.
+fn prefix_keys(prompt: &[u32]) -> Vec<u32> {
+    let mut keys: Vec<u32> = prompt.iter().skip(1).copied().collect();
+    if let Some(k0) = keys.first_mut() {
+        let mix = (u64::from(prompt[0]) << 32 | u64::from(*k0)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        *k0 = 0x8000_0000 | (mix >> 33) as u32;
+    }
+    keys
 }
 
 impl Proposer for MtpProposer {
@@ -241,6 +271,11 @@ impl Proposer for MtpProposer {
             if let Some(s) = self.seqs.get_mut(&r.id) {
                 let keep = s.kv.len().min(r.context.len().saturating_sub(1));
                 self.kv.truncate(&mut s.kv, keep);
+                if s.publish && keep + 1 >= r.prompt_len {
+                    self.kv
+                        .register_prefix(&s.kv, &prefix_keys(&r.context[..r.prompt_len]));
+                    s.publish = false;
+                }
                 let drop = keep.saturating_sub(s.hid_start).min(s.fed.len());
                 s.fed.drain(..drop);
                 s.hidden.drain(..drop * h);
@@ -248,6 +283,37 @@ impl Proposer for MtpProposer {
             }
         }
         Ok(out)
+    }
+
+    fn match_prefix(&mut self, id: u64, prompt: &[u32], max: usize) -> usize {
+        if let Some(mut old) = self.seqs.remove(&id) {
+            self.kv.free(&mut old.kv);
+        }
+        let mut s = new_seq(0);
+        // MTP position j needs t_{j+1}: at most prompt.len() - 1 positions can be cached.
+        s.keys = prefix_keys(prompt);
+        s.kv = self.kv.match_prefix(&s.keys, max);
+        s.hid_start = s.kv.len(); // the target's hidden rows start where the restored KV ends
+        s.publish = true;
+        let n = s.kv.len();
+        self.seqs.insert(id, s);
+        n
+    }
+
+    fn settle_prefix(&mut self, id: u64, len: usize) {
+        if let Some(s) = self.seqs.get_mut(&id) {
+            let keys = std::mem::take(&mut s.keys);
+            if s.kv.len() > len {
+                // Match again, shorter (a truncation may not cut below a sliding window; the
+                // blocks just released are still cached). Should it find fewer, the target's
+                // hidden rows start past the MTP KV and the request drafts nothing (module doc).
+                self.kv.free(&mut s.kv);
+                if len > 0 {
+                    s.kv = self.kv.match_prefix(&keys, len);
+                }
+                s.hid_start = len;
+            }
+        }
     }
 
     fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {

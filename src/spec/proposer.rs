@@ -122,11 +122,23 @@ pub trait Proposer: Send {
     }
     /// Whether the proposer needs the target's hidden states (the MTP drafter): then the engine
     /// asks the target forward for them and hands every request's rows to
-    /// [`Proposer::on_target_hidden`], and skips prefix-cache reuse (a reused prefix has no
-    /// hidden states).
+    /// [`Proposer::on_target_hidden`]. A reused prefix has no hidden states, so such a proposer
+    /// restores its own state of a cached prefix ([`Proposer::match_prefix`]).
     fn wants_hidden(&self) -> bool {
         false
     }
+    /// Prefix-cache reuse, at a request's admission (prefix caching on, the target's KV of
+    /// `prompt` not computed yet): restore from the proposer's own cache what it holds of the
+    /// request's first `max` positions and return how many positions that is. The engine then
+    /// reuses at most that many of the target's cached positions and calls
+    /// [`Proposer::settle_prefix`] with what it reused. Default: `max` (a proposer that catches
+    /// up from the tokens alone needs nothing restored).
+    fn match_prefix(&mut self, _id: u64, _prompt: &[u32], max: usize) -> usize {
+        max
+    }
+    /// The target reuses `len` cached positions of request `id` (at most what
+    /// [`Proposer::match_prefix`] returned): the proposer drops what it restored beyond them.
+    fn settle_prefix(&mut self, _id: u64, _len: usize) {}
     /// The target just computed positions `start .. start + fed.len()` of request `id`, fed with
     /// `fed`; `hidden` holds their final-norm hidden states [fed.len(), hidden]. Some rows may
     /// belong to drafts that verification rejects: the proposer keeps only rows whose fed
