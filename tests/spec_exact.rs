@@ -231,23 +231,50 @@ fn prefix_cache_hits_keep_outputs() {
             run(&e, vec![r.clone()]).remove(0)
         })
         .collect();
-    let e = Engine::new(
-        &golden("v3_yarn"),
-        DraftSource::Dir(golden("v3_bf16")),
-        cfg(SpecMode::Fixed(3)),
-    )
-    .unwrap();
-    let first = run(&e, vec![reqs[0].clone()]);
-    let rest = run(&e, reqs[1..].to_vec());
-    let got: Vec<Output> = first.into_iter().chain(rest).collect();
-    assert_same("prefix cache", &alone, &got, &reqs);
+    let mut runs = Vec::new();
+    for prefix_cache in [true, false] {
+        let mut c = cfg(SpecMode::Fixed(3));
+        c.prefix_cache = prefix_cache;
+        let e = Engine::new(&golden("v3_yarn"), DraftSource::Dir(golden("v3_bf16")), c).unwrap();
+        let first = run(&e, vec![reqs[0].clone()]);
+        let rest = run(&e, reqs[1..].to_vec());
+        let got: Vec<Output> = first.into_iter().chain(rest).collect();
+        assert_same("prefix cache", &alone, &got, &reqs);
+        // one at a time too: then each request's drafts do not depend on how the round's
+        // catch-up budget was shared (which differs with and without prefix hits)
+        let one: Vec<Output> = reqs.iter().flat_map(|r| run(&e, vec![r.clone()])).collect();
+        assert_same("prefix cache, one at a time", &alone, &one, &reqs);
+        runs.push((got, e.stats(), one));
+    }
+    let ((got, st, one), (_, _, off)) = (&runs[0], &runs[1]);
     assert!(
         got[1..]
             .iter()
             .all(|o| o.counters.cached_prompt_tokens >= 32),
         "prefix blocks were reused"
     );
-    assert!(e.stats().kv.prefix_hit_tokens >= 5 * 32);
+    assert!(st.kv.prefix_hit_tokens >= 5 * 32);
+    // the draft model restores its own KV of the shared prefix, and drafts exactly what it
+    // drafts without prefix caching
+    let draft_kv = st.draft_kv.as_ref().expect("draft KV stats");
+    assert!(
+        draft_kv.prefix_hit_tokens >= 5 * 32,
+        "draft prefix hits: {}",
+        draft_kv.prefix_hit_tokens
+    );
+    for (i, (a, b)) in one.iter().zip(off).enumerate() {
+        assert_eq!(
+            (
+                &a.counters.drafted_per_position,
+                &a.counters.accepted_per_position
+            ),
+            (
+                &b.counters.drafted_per_position,
+                &b.counters.accepted_per_position
+            ),
+            "request {i}"
+        );
+    }
 }
 
 #[test]

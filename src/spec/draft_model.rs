@@ -5,6 +5,11 @@
 //! requests batched into one draft forward per draft position. After verification the draft KV is
 //! truncated to the prefix still shared with the committed context — stale draft KV is never used.
 //!
+//! Prefix caching: at admission the draft restores its KV of the request's cached prompt prefix
+//! from its own cache (`match_prefix`; a draft's prompt KV depends on the tokens alone) and
+//! publishes its prompt blocks once written, so a shared system prompt is not re-fed to the
+//! draft by every request.
+//!
 //! Catch-up is bounded per round so a swap (every request must re-feed its whole context) or a
 //! burst of new prompts does not stall a step: catch-ups of at most [`CATCHUP_INLINE`] tokens (the
 //! normal case, the tokens committed since the last round) always run; longer ones run whole while
@@ -66,6 +71,21 @@ struct DraftSeq {
     /// Tokens whose draft KV is written (a prefix of the committed context + fed drafts).
     fed: Vec<u32>,
     rng: Rng,
+    /// Whether `rng` was seeded from the request's params (a prefix match at admission makes
+    /// the entry before the first `propose`).
+    seeded: bool,
+    /// Admitted through prefix matching: publish its prompt blocks once written.
+    publish: bool,
+}
+
+fn new_seq(seed: u64) -> DraftSeq {
+    DraftSeq {
+        kv: SeqKv::new(),
+        fed: Vec::new(),
+        rng: Rng::new(seed),
+        seeded: true,
+        publish: false,
+    }
 }
 
 /// A draft model with its own cache.
@@ -134,11 +154,11 @@ impl Proposer for DraftModelProposer {
                 continue;
             }
             let seed = r.params.seed ^ 0x9e37_79b9_7f4a_7c15;
-            let s = self.seqs.entry(r.id).or_insert_with(|| DraftSeq {
-                kv: SeqKv::new(),
-                fed: Vec::new(),
-                rng: Rng::new(seed),
-            });
+            let s = self.seqs.entry(r.id).or_insert_with(|| new_seq(seed));
+            if !s.seeded {
+                s.rng = Rng::new(seed);
+                s.seeded = true;
+            }
             // keep only the prefix still shared with the context, and never the last token (we need its logits)
             let mut keep = s
                 .fed
@@ -255,8 +275,31 @@ impl Proposer for DraftModelProposer {
                 stopped[i] = !out[i].confident(row, r.params, r.p_min);
             }
         }
+        // Publish the prompt blocks of requests admitted through prefix matching.
+        for r in reqs {
+            if let Some(s) = self.seqs.get_mut(&r.id) {
+                if s.publish && s.fed.len() >= r.prompt_len {
+                    self.kv.register_prefix(&s.kv, &r.context[..r.prompt_len]);
+                    s.publish = false;
+                }
+            }
+        }
         // Reserved-but-unfed slots (k - 1 drafts fed at most) are released by on_commit's truncate.
         Ok(out)
+    }
+
+    fn match_prefix(&mut self, id: u64, prompt: &[u32], max: usize) -> usize {
+        // The draft KV of a prompt depends on its tokens alone (prompt positions take the
+        // reproducible MHA path): restore what the draft's own cache holds, and let the target
+        // reuse whatever it has (the draft catches up on the rest from the tokens).
+        self.drop_seq(id);
+        let mut s = new_seq(0);
+        s.seeded = false;
+        s.kv = self.kv.match_prefix(prompt, max);
+        s.fed = prompt[..s.kv.len()].to_vec();
+        s.publish = true;
+        self.seqs.insert(id, s);
+        max
     }
 
     fn on_commit(&mut self, id: u64, context: &[u32]) {
