@@ -6,6 +6,8 @@
 //!   tokens for the shared prompts and produces identical outputs; a truncated file, and a file
 //!   written for another model put in its place, are ignored (counted in the metrics), never
 //!   trusted, and outputs stay identical;
+//! - the MTP drafter's cache has its own tier file: a second engine restores prompt blocks in
+//!   both caches and drafts exactly what the first drafted;
 //! - a V4 target (sliding-window class): records carry the window-class rows, restored prefix
 //!   hits get their lookback, outputs bitwise equal across engines and after evictions.
 
@@ -79,6 +81,62 @@ fn evicted_prefix_blocks_come_back_from_host_memory() {
         m.contains("specmla_kv_tier_blocks_total{event=\"restored\"}"),
         "{m}"
     );
+}
+
+/// The MTP drafter's cache has a tier of its own (the target reuses no more of a prefix than
+/// the MTP restores, and the MTP needs the target's hidden states of every position it did not
+/// restore): a second engine on the same directory reuses the first one's prompt blocks in
+/// both caches, keeps plain outputs, and drafts exactly what the first engine drafted.
+#[test]
+fn a_second_engine_restores_the_mtp_cache_from_its_tier() {
+    let d = tmp("mtp");
+    let reqs: Vec<Request> = workload(6).iter().map(|p| req(p)).collect();
+    let mut c = spec_test_cfg(SpecMode::Fixed(2));
+    let plain = Engine::new(&target(), DraftSource::None, c.clone()).unwrap();
+    let base = run_checked(&plain, reqs.clone(), &[]);
+    c.kv_offload = Some(TierConfig {
+        mem_bytes: 0,
+        dir: Some(d.clone()),
+        ..Default::default()
+    });
+    let one_by_one = |e: &Engine| -> Vec<specmla::engine::Output> {
+        reqs.iter()
+            .flat_map(|r| run_checked(e, vec![r.clone()], &[]))
+            .collect()
+    };
+    let first = one_by_one(&Engine::new(&target(), DraftSource::Mtp, c.clone()).unwrap());
+    assert_same_outputs("mtp, first engine", &base, &first, &reqs);
+    let files = std::fs::read_dir(&d).unwrap().count();
+    assert_eq!(files, 2, "the target's tier file and the MTP's");
+    let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+    let second = one_by_one(&e);
+    assert_same_outputs("mtp, second engine", &base, &second, &reqs);
+    for (i, (a, b)) in first.iter().zip(&second).enumerate() {
+        assert!(
+            b.counters.cached_prompt_tokens >= 16,
+            "prompt {i}: {:?}",
+            b.counters
+        );
+        assert!(a.counters.drafted_tokens > 0, "prompt {i} drafted");
+        assert_eq!(
+            (
+                &a.counters.drafted_per_position,
+                &a.counters.accepted_per_position
+            ),
+            (
+                &b.counters.drafted_per_position,
+                &b.counters.accepted_per_position
+            ),
+            "prompt {i}: drafts from a restored MTP cache"
+        );
+    }
+    let mtp_tier = e
+        .stats()
+        .draft_kv
+        .and_then(|k| k.tier)
+        .expect("MTP tier stats");
+    assert!(mtp_tier.restored_blocks > 0, "{mtp_tier:?}");
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 fn cli(dir: &Path, prompts: &Path, metrics: &Path) -> Vec<Value> {

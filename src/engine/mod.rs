@@ -642,6 +642,7 @@ impl Engine {
             current_draft_config: self.swaps.current_config(),
             target: self.shared.target.clone(),
             device: self.cfg.device,
+            kv_offload: self.cfg.kv_offload.clone(),
         }
     }
 

@@ -76,6 +76,9 @@ pub(crate) struct SwapCtx {
     /// The target's device: a draft model goes to the same GPU when it can run there (a V2 /
     /// V3 draft with a bf16 draft KV cache), else it runs on the CPU.
     pub device: crate::backend::Device,
+    /// The target's second KV tier: the MTP drafter's cache gets one too (its own file), since
+    /// the target reuses no more of a prefix than the MTP restores.
+    pub kv_offload: Option<crate::kv::TierConfig>,
 }
 
 struct Ready {
@@ -171,12 +174,15 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
             return Ok((Some(Box::new(p)), ca.or(cb)));
         }
         DraftSource::Mtp => {
-            let p = MtpProposer::new(
+            let mut p = MtpProposer::new(
                 ctx.target.clone(),
                 ctx.kv_dtype,
                 ctx.num_blocks,
                 ctx.block_size,
             )?;
+            if let Some(t) = &ctx.kv_offload {
+                p = p.with_tier(t)?;
+            }
             return Ok((Some(Box::new(p)), None));
         }
         DraftSource::Ngram { min_n, max_n } => {

@@ -38,7 +38,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv};
+use crate::kv::{KvCache, KvConfig, KvDtype, KvStats, SeqKv, TierConfig};
 use crate::model::{LogitsMode, Model, SeqChunk};
 use crate::sampling::Rng;
 
@@ -100,6 +100,30 @@ impl MtpProposer {
             kv,
             seqs: HashMap::new(),
         })
+    }
+
+    /// Give the MTP cache a second KV tier (`EngineConfig::kv_offload`): its evicted and
+    /// published prompt blocks are kept like the target's, in a file of its own (the target's
+    /// fingerprint salted), so a prefix the target restores from its tier is matched by the
+    /// MTP's too.
+    pub fn with_tier(mut self, cfg: &TierConfig) -> Result<Self> {
+        // The target's fingerprint covers V4's MTP block but not V3's MTP layers: mix in their
+        // norms and a few eh_proj rows.
+        let mut h = self.model.fingerprint() ^ 0x6d74_705f_7469_6572; // "mtp_tier"
+        let mut eat = |x: u32| h = (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3);
+        for l in &self.model.mtp {
+            let m = &l.eh_proj;
+            let mut row = vec![0f32; m.cols]; // [2 * hidden]
+            for r in [0, m.rows / 2, m.rows.saturating_sub(1)] {
+                crate::kernels::matrix_row_f32(m, r, &mut row);
+                row.iter().for_each(|v| eat(v.to_bits()));
+            }
+            for v in l.enorm.iter().chain(&l.hnorm).chain(&l.head_norm) {
+                eat(v.to_bits());
+            }
+        }
+        self.kv.attach_tier(cfg, h)?;
+        Ok(self)
     }
 }
 
