@@ -5,6 +5,9 @@
 //! - greedy speculation with it is bitwise lossless (tokens and committed log-probs) for k = 1..4,
 //!   across reasoning budgets (none / 0 / 1 / < k / half), chunked prefill, preemption with
 //!   recompute and its own fp8 KV cache, and swaps to and from it mid-generation;
+//! - prefix caching keeps working with it: its own KV of a cached prompt prefix is restored
+//!   (drafts exactly as without prefix caching), also under eviction, preemption, chunked
+//!   prefill and swaps;
 //! - it gets drafts accepted (it was trained for this target), and a target without an MTP layer
 //!   refuses it with a clear error;
 //! - in adaptive mode, until the policy has its cost fits, one request at a time explores.
@@ -300,6 +303,58 @@ fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
         "MTP prefix hits: {}",
         mtp_kv.prefix_hit_tokens
     );
+}
+
+/// Prefix hits with the MTP drafter under pressure, checked every step (the engine's and the
+/// drafter's KV invariants): requests sharing prefixes of different lengths submitted together
+/// and in waves, small pools that evict cached blocks of either cache and preempt requests
+/// (readmitted onto whatever prefix is still cached), prefill in chunks, a swap away
+/// from MTP and back mid-run. Outputs stay those of plain decoding.
+#[test]
+fn mtp_prefix_hits_under_eviction_preemption_and_swaps_keep_outputs() {
+    let prompts = common::workload_prompt_ids(12);
+    let system: Vec<u32> = prompts[11].clone();
+    let mut reqs = requests(10);
+    for (i, r) in reqs.iter_mut().enumerate() {
+        // shares 0, 8, 20, 33 or all tokens of `system`, then its own question
+        let share = [0, 8, 20, 33, system.len()][i % 5];
+        let mut p = system[..share].to_vec();
+        p.extend(&prompts[i]);
+        r.prompt = Prompt::Tokens(p);
+        r.sampling.max_tokens = 40;
+        r.sampling.ignore_eos = true; // lengths that fill the small pool
+    }
+    let base = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    let mut c = cfg(SpecMode::Fixed(3));
+    c.block_size = 8;
+    c.num_blocks = 20; // one request's whole length fits; several preempt each other
+    c.draft_num_blocks = 24;
+    c.max_batch_tokens = 11; // prefill in chunks
+    let e = Engine::new(&target(), DraftSource::Mtp, c.clone()).unwrap();
+    let mut got = run(&e, reqs[..5].to_vec(), &[]);
+    got.extend(run(&e, reqs[5..].to_vec(), &[]));
+    assert_same("mtp prefix, small pools", &base, &got, &reqs);
+    assert!(got.iter().map(|o| o.counters.preemptions).sum::<u64>() > 0);
+    assert!(
+        got.iter()
+            .map(|o| o.counters.cached_prompt_tokens)
+            .sum::<u64>()
+            > 0
+    );
+    c.max_batch_tokens = 512;
+    c.num_blocks = 512;
+    let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+    let swaps = vec![
+        (3, DraftSource::Dir(repo().join("models/draft"))),
+        (9, DraftSource::Mtp),
+    ];
+    let mut got = run(&e, reqs[..5].to_vec(), &swaps);
+    got.extend(run(&e, reqs[5..].to_vec(), &swaps));
+    assert_same("mtp prefix, swaps", &base, &got, &reqs);
 }
 
 #[test]
