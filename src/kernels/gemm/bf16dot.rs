@@ -15,7 +15,8 @@
 //! thread): 16 f32 lane accumulators; for each 32-column chunk c in increasing order, lane l
 //! adds the pair (w[32c + 2l] x[32c + 2l], w[32c + 2l + 1] x[32c + 2l + 1]) by one `vdpbf16ps`
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
-//! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 8 x 1 for one token;
+//! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 1 x 1 for one token, 8 x 1
+//! for one token of fp8;
 //! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights; 4 x 6 passes
 //! otherwise) change only which elements are computed together.
 //!
@@ -43,8 +44,17 @@ pub(super) const K_CHUNK: usize = 32;
 /// Register tile of the multi-token path: rows x tokens (24 accumulators).
 const MR: usize = 4;
 const NT: usize = 6;
-/// Rows per register tile of the one-token path.
-const MR1: usize = 8;
+/// Rows per register tile of the one-token bf16 path: one, so each thread reads ONE sequential
+/// stream of weights (the row after this one is the next in memory). Measured on an AMD Zen 5
+/// (2 threads, weights from DRAM; BENCHMARKS.md "One weight stream per thread"): 1-row tiles
+/// streamed 7-30 % more GB/s than 8-row tiles (eight streams 2-24 KB apart) on every shape of
+/// the widened target, and its batch-1 decode went 77-100 -> 99-115 tok/s; on Zen 4 the two
+/// layouts had tied. A row's `vdpbf16ps` chain is latency-bound at ~64 bytes per 5-6 cycles,
+/// well above one core's share of the memory bandwidth.
+const MR1: usize = 1;
+/// Rows per register tile of the one-token fp8 path (its conversion hides the chain latency;
+/// not re-measured with one row).
+const MR1_FP8: usize = 8;
 /// Tokens per token block: a block's packed activations ([48, cols] bf16) stay in L2 while
 /// the row tiles of a row block sweep them.
 const TOKEN_BLOCK: usize = 48;
@@ -457,8 +467,8 @@ impl Job<'_> {
                 // a few tokens: each group converted in registers, all tokens per row tile
                 let mut i0 = a;
                 while i0 < b {
-                    let m = if n == 1 && b - i0 >= MR1 {
-                        MR1
+                    let m = if n == 1 && b - i0 >= MR1_FP8 {
+                        MR1_FP8
                     } else if n > 1 && b - i0 >= MR {
                         MR
                     } else {
@@ -520,18 +530,11 @@ impl Job<'_> {
         // rows of this matrix after row i0 + m of the block (prefetch stays inside the matrix)
         let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
         if n == 1 {
-            let mut i0 = 0;
-            while i0 < nrows {
-                let m = if nrows - i0 >= MR1 { MR1 } else { 1 };
-                let pf_rows = left(i0 + m).min(m);
-                let (w, op) = (w0.add(i0 * cols), o.add(i0));
-                let pf = w.add(m * cols);
-                if m == MR1 {
-                    tile::<MR1, 1>(w, cols, x, cols, nk, op, 1, pf, pf_rows);
-                } else {
-                    tile::<1, 1>(w, cols, x, cols, nk, op, 1, pf, pf_rows);
-                }
-                i0 += m;
+            // one row at a time ([`MR1`]); the next row (contiguous) prefetched beside it
+            for i0 in 0..nrows {
+                let pf_rows = left(i0 + 1).min(1);
+                let w = w0.add(i0 * cols);
+                tile::<MR1, 1>(w, cols, x, cols, nk, o.add(i0), 1, w.add(cols), pf_rows);
             }
             return;
         }
