@@ -90,6 +90,21 @@ fn single_pass(n: usize, cols: usize) -> bool {
     SP_TOKENS.contains(&n) && cols >= 1024 && n * cols * 2 <= SP_X_BYTES
 }
 
+/// L1 bytes the activations ([n, cols] bf16) of a few-token product may take for it to run on
+/// one-row tiles (1 x n), which re-read every token's chunk for each row.
+const ROW1_X_BYTES: usize = 32 * 1024;
+
+/// Whether `n` tokens over `cols` columns take one-row tiles (1 x n, one token tile) instead of
+/// 4 x n: up to [`NT`] tokens whose activations stay in L1. Like the one-token path (`MR1`),
+/// each thread then reads ONE sequential weight stream, and the n accumulators are n
+/// independent chains. Measured on Zen 5 (BENCHMARKS.md "One weight stream per thread"): the
+/// widened target's expert matrices at n = 2 / 3 streamed 20-45 % more GB/s than on 4 x n
+/// tiles; rows of 12288 columns (activations beyond L1) were 25 % slower at n = 3, so they keep
+/// 4 x n.
+fn one_row_tiles(n: usize, cols: usize) -> bool {
+    n <= NT && n * cols * 2 <= ROW1_X_BYTES
+}
+
 /// fp8 columns per group (one 64-byte load, two `vdpbf16ps`).
 pub(super) const FP8_GROUP: usize = 64;
 /// Up to this many tokens an fp8 product converts each weight group in registers for all its
@@ -561,8 +576,9 @@ impl Job<'_> {
         for tb0 in (0..n).step_by(TOKEN_BLOCK) {
             let tb1 = (tb0 + TOKEN_BLOCK).min(n);
             let mut i0 = 0;
+            let mr = if one_row_tiles(n, cols) { 1 } else { MR };
             while i0 < nrows {
-                let m = if nrows - i0 >= MR { MR } else { 1 };
+                let m = if nrows - i0 >= mr { mr } else { 1 };
                 let w = w0.add(i0 * cols);
                 // the first token tile of the first block streams the next rows in
                 let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
