@@ -16,7 +16,7 @@
 //! adds the pair (w[32c + 2l] x[32c + 2l], w[32c + 2l + 1] x[32c + 2l + 1]) by one `vdpbf16ps`
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 1 x 1 for one token, 8 x 1
-//! for one token of fp8;
+//! for one token of fp8; 1 x n for 2..=6 tokens whose activations fit L1;
 //! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights; 4 x 6 passes
 //! otherwise) change only which elements are computed together.
 //!
