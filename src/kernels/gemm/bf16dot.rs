@@ -91,8 +91,10 @@ fn single_pass(n: usize, cols: usize) -> bool {
 }
 
 /// L1 bytes the activations ([n, cols] bf16) of a few-token product may take for it to run on
-/// one-row tiles (1 x n), which re-read every token's chunk for each row.
-const ROW1_X_BYTES: usize = 32 * 1024;
+/// one-row tiles (1 x n), which re-read every token's chunk for each row: room beside the
+/// streamed weights in a 32 KB L1 (Zen 4; Zen 5 has 48 KB). Every shape measured (the widened
+/// target's 768- to 6144-column rows at n <= 6, up to 24 KB) is inside it.
+const ROW1_X_BYTES: usize = 24 * 1024;
 
 /// Whether `n` tokens over `cols` columns take one-row tiles (1 x n, one token tile) instead of
 /// 4 x n: up to [`NT`] tokens whose activations stay in L1. Like the one-token path (`MR1`),
