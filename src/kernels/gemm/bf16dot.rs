@@ -47,7 +47,7 @@ const NT: usize = 6;
 /// Rows per register tile of the one-token bf16 path: one, so each thread reads ONE sequential
 /// stream of weights (the row after this one is the next in memory). Measured on an AMD Zen 5
 /// (2 threads, weights from DRAM; BENCHMARKS.md "One weight stream per thread"): 1-row tiles
-/// streamed 7-30 % more GB/s than 8-row tiles (eight streams 2-24 KB apart) on every shape of
+/// streamed 7-30 % more GB/s than 8-row tiles (eight streams 1.5-24 KB apart) on every shape of
 /// the widened target, and its batch-1 decode went 77-100 -> 99-115 tok/s; on Zen 4 the two
 /// layouts had tied. A row's `vdpbf16ps` chain is latency-bound at ~64 bytes per 5-6 cycles,
 /// well above one core's share of the memory bandwidth.
