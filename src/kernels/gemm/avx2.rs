@@ -47,7 +47,7 @@ impl Job<'_> {
     }
 
     /// Few tokens (memory-bound): decode weights on the fly into register tiles that hold their
-    /// accumulators over the whole row — n = 1: 8 rows (f16, fp8: 4); else 4 rows x 3 tokens
+    /// accumulators over the whole row — n = 1: 8 rows (bf16, f16, fp8: 4); else 4 rows x 3 tokens
     /// (fp8: 2 x 3). A row tile's weights are re-read from cache for each token tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn direct_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
@@ -58,12 +58,13 @@ impl Job<'_> {
         let x = self.x.as_ptr();
         let o = out.as_mut_ptr();
         let fp8 = matches!(self.w, WRef::Fp8 { .. });
-        // f16 one-token rows in 4-row tiles: fewer concurrent weight streams per thread; measured
-        // on Zen 5 (BENCHMARKS.md "One weight stream per thread"): f16 decode of the widened
-        // target +8-15 % over 8-row tiles. f32 / bf16 weights keep 8 (not re-measured).
-        let f16 = matches!(self.w, WRef::F16(_));
+        // f16 / bf16 one-token rows in 4-row tiles: fewer concurrent weight streams per thread;
+        // measured on Zen 5 (BENCHMARKS.md "One weight stream per thread"): the widened target's
+        // decode +8-15 % in f16, +1-15 % in bf16 on the avx512 level (3 of 3 pairs) and the avx2
+        // level (2 of 3) over 8-row tiles. f32 weights keep 8 (not re-measured).
+        let halfw = matches!(self.w, WRef::F16(_) | WRef::Bf16(_));
         let mr_max = match (n, fp8) {
-            (1, false) if f16 => 4,
+            (1, false) if halfw => 4,
             (1, false) => 8,
             (1, true) => 4,
             (_, false) => 4,
@@ -98,8 +99,8 @@ impl Job<'_> {
                                 op,
                             )
                         }
-                        WRef::Bf16(d) if n == 1 && mr == 8 => {
-                            crate::kernels::simd::gemv_prefetch::<u16, 8>(
+                        WRef::Bf16(d) if n == 1 && mr == 4 => {
+                            crate::kernels::simd::gemv_prefetch::<u16, 4>(
                                 d.as_ptr().add((wr0 + i0) * cols),
                                 cols,
                                 xp,

@@ -6,7 +6,7 @@
 //! the position of t, the other tokens, the rayon pool, or the row split. Work is cut into fixed
 //! row blocks (rayon tasks when the product is large enough); inside a block:
 //! - n <= `DIRECT_MAX_TOKENS` (decode, speculative verification, small prefill chunks): weights
-//!   are decoded on the fly into register tiles — 8 rows x 1 token (f16, fp8: 4) for GEMV, 4 rows x
+//!   are decoded on the fly into register tiles — 8 rows x 1 token (bf16, f16, fp8: 4) for GEMV, 4 rows x
 //!   3 tokens (fp8: 2 x 3) otherwise — that keep their accumulators for the whole row;
 //! - larger n (prefill): weights are decoded once per column block into an f32 panel, and
 //!   `MR` x `NR` register tiles sweep it; each element's 8-lane accumulator lives in a scratch
