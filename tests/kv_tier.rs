@@ -118,16 +118,10 @@ fn a_second_engine_restores_the_mtp_cache_from_its_tier() {
             b.counters
         );
         assert!(a.counters.drafted_tokens > 0, "prompt {i} drafted");
-        assert_eq!(
-            (
-                &a.counters.drafted_per_position,
-                &a.counters.accepted_per_position
-            ),
-            (
-                &b.counters.drafted_per_position,
-                &b.counters.accepted_per_position
-            ),
-            "prompt {i}: drafts from a restored MTP cache"
+        common::assert_same_drafts(
+            &format!("prompt {i}: drafts from a restored MTP cache"),
+            a,
+            b,
         );
     }
     let mtp_tier = e

@@ -263,17 +263,7 @@ fn prefix_cache_hits_keep_outputs() {
         draft_kv.prefix_hit_tokens
     );
     for (i, (a, b)) in one.iter().zip(off).enumerate() {
-        assert_eq!(
-            (
-                &a.counters.drafted_per_position,
-                &a.counters.accepted_per_position
-            ),
-            (
-                &b.counters.drafted_per_position,
-                &b.counters.accepted_per_position
-            ),
-            "request {i}"
-        );
+        common::assert_same_drafts(&format!("request {i}"), a, b);
     }
 }
 

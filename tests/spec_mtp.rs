@@ -219,19 +219,8 @@ fn swaps_to_and_from_mtp_keep_outputs() {
 /// one a full recompute writes.
 #[test]
 fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
-    let text =
-        std::fs::read_to_string(repo().join("models/workload/prompts.jsonl")).expect("workload");
-    let ids = |l: &str| -> Vec<u32> {
-        let v: Value = serde_json::from_str(l).unwrap();
-        v["prompt_token_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let lines: Vec<&str> = text.lines().collect();
-    let mut system = ids(lines[7]); // a shared "system" prefix (without its <think>)
+    let prompts = common::workload_prompt_ids(9);
+    let mut system = prompts[7].clone(); // a shared "system" prefix (without its <think>)
     system.pop();
     assert!(
         system.len() >= 33,
@@ -247,7 +236,7 @@ fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
         } else {
             system.clone()
         };
-        p.extend(ids(lines[i]));
+        p.extend(&prompts[i]);
         r.prompt = Prompt::Tokens(p);
     }
     let plain = Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
@@ -285,16 +274,10 @@ fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
         );
         assert_eq!(b.counters.cached_prompt_tokens, 0);
         assert!(a.counters.drafted_tokens > 0, "request {i} drafted");
-        assert_eq!(
-            (
-                &a.counters.drafted_per_position,
-                &a.counters.accepted_per_position
-            ),
-            (
-                &b.counters.drafted_per_position,
-                &b.counters.accepted_per_position
-            ),
-            "request {i}: drafts with a restored MTP KV differ from a recomputed one"
+        common::assert_same_drafts(
+            &format!("request {i}: drafts with a restored MTP KV differ from a recomputed one"),
+            a,
+            b,
         );
     }
     let mtp_kv = st_on.draft_kv.as_ref().expect("MTP KV stats");

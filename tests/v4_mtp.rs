@@ -200,17 +200,7 @@ fn v4_prefix_cache_hits_restore_the_mtp_kv() {
                 a.counters
             );
         }
-        assert_eq!(
-            (
-                &a.counters.drafted_per_position,
-                &a.counters.accepted_per_position
-            ),
-            (
-                &b.counters.drafted_per_position,
-                &b.counters.accepted_per_position
-            ),
-            "request {i}"
-        );
+        common::assert_same_drafts(&format!("request {i}"), a, b);
     }
 }
 

@@ -130,6 +130,22 @@ pub fn run_chunked(
     out
 }
 
+/// Output `a` drafted exactly what `b` drafted: drafted and accepted tokens per draft position
+/// (e.g. a drafter whose state was restored from a cache against one that recomputed it).
+pub fn assert_same_drafts(label: &str, a: &Output, b: &Output) {
+    assert_eq!(
+        (
+            &a.counters.drafted_per_position,
+            &a.counters.accepted_per_position
+        ),
+        (
+            &b.counters.drafted_per_position,
+            &b.counters.accepted_per_position
+        ),
+        "{label}: drafted / accepted per position differ"
+    );
+}
+
 /// The prompt token ids of the first `n` bundled workload prompts (models/workload/prompts.jsonl).
 pub fn workload_prompt_ids(n: usize) -> Vec<Vec<u32>> {
     let text =
