@@ -164,53 +164,41 @@ impl Model {
             v.extend(v4.matrices());
         }
         for l in &self.layers {
-            let a = &l.attn;
-            if let Some((qa, _, qb)) = &a.q_lora {
-                v.extend([qa, qb]);
-            }
-            v.extend(a.q_proj.as_ref());
-            v.extend([&a.kv_a_proj, &a.kv_b_proj, &a.o_proj]);
-            v.extend(a.w_uk_t.iter());
-            if let Some(ix) = &a.indexer {
-                v.extend([&ix.wq_b, &ix.wk, &ix.weights_proj]);
-            }
-            let experts: Vec<&Expert> = match &l.ffn {
-                Ffn::Dense(e) => vec![e],
-                Ffn::Moe(m) => m.experts.iter().chain(m.shared.as_ref()).collect(),
-            };
-            for e in experts {
-                v.extend([&e.gate, &e.up, &e.down]);
-            }
+            l.extend_matrices(&mut v);
         }
         v
     }
 
     /// A fingerprint of the model's identity (configuration, every matrix's shape and storage,
     /// and the values of its first, middle and last rows): what a persisted KV file must have
-    /// been written for. Cheap: a few rows per matrix.
+    /// been written for. Cheap: a few rows per matrix. V4's MTP block is covered (it is among
+    /// [`Model::matrices`]), V3's MTP layers are not: see [`Model::mtp_fingerprint`].
     pub fn fingerprint(&self) -> u64 {
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        let mut eat = |x: u64| {
-            h = (h ^ x).wrapping_mul(0x100_0000_01b3);
-            h ^= h >> 29;
-        };
+        let mut f = Fingerprint(0xcbf2_9ce4_8422_2325);
         format!("{:?}", self.config)
             .bytes()
-            .for_each(|b| eat(b as u64));
-        self.norm.iter().for_each(|v| eat(v.to_bits() as u64));
+            .for_each(|b| f.eat(b as u64));
+        f.floats(&self.norm);
         for m in self.matrices() {
-            eat(m.rows as u64);
-            eat(m.cols as u64);
-            eat(m.nbytes() as u64);
-            let mut row = vec![0f32; m.cols]; // [cols]
-            for r in [0, m.rows / 2, m.rows.saturating_sub(1)] {
-                if r < m.rows {
-                    crate::kernels::matrix_row_f32(m, r, &mut row);
-                    row.iter().for_each(|v| eat(v.to_bits() as u64));
-                }
-            }
+            f.matrix(m);
         }
-        h
+        f.0
+    }
+
+    /// [`Model::fingerprint`] extended over the V3 MTP layers (norms, eh_proj, the decoder
+    /// layer, the shared head): what a persisted MTP KV file must have been written for.
+    pub fn mtp_fingerprint(&self) -> u64 {
+        let mut f = Fingerprint(self.fingerprint());
+        for l in &self.mtp {
+            f.floats(&l.enorm);
+            f.floats(&l.hnorm);
+            f.floats(&l.head_norm);
+            let mut v = vec![&l.eh_proj];
+            l.layer.extend_matrices(&mut v);
+            v.extend(l.head.as_ref());
+            v.into_iter().for_each(|m| f.matrix(m));
+        }
+        f.0
     }
 
     /// Weight bytes read by a batch-1 decode step: everything except non-selected experts
@@ -296,5 +284,57 @@ impl DecoderLayer {
                 .sum::<usize>();
         }
         n
+    }
+}
+
+/// The running hash of [`Model::fingerprint`] (FNV-style, with a shift folded in per value).
+struct Fingerprint(u64);
+
+impl Fingerprint {
+    fn eat(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x100_0000_01b3);
+        self.0 ^= self.0 >> 29;
+    }
+
+    fn floats(&mut self, v: &[f32]) {
+        v.iter().for_each(|x| self.eat(x.to_bits() as u64));
+    }
+
+    /// A matrix's shape and storage size and the values of its first, middle and last rows.
+    fn matrix(&mut self, m: &Matrix) {
+        self.eat(m.rows as u64);
+        self.eat(m.cols as u64);
+        self.eat(m.nbytes() as u64);
+        let mut row = vec![0f32; m.cols]; // [cols]
+        for r in [0, m.rows / 2, m.rows.saturating_sub(1)] {
+            if r < m.rows {
+                crate::kernels::matrix_row_f32(m, r, &mut row);
+                self.floats(&row);
+            }
+        }
+    }
+}
+
+impl DecoderLayer {
+    /// Push this layer's weight matrices onto `v` (absorbed W_UK^T copies included; W_UV
+    /// views not counted twice), in [`Model::matrices`]' order.
+    fn extend_matrices<'a>(&'a self, v: &mut Vec<&'a Matrix>) {
+        let a = &self.attn;
+        if let Some((qa, _, qb)) = &a.q_lora {
+            v.extend([qa, qb]);
+        }
+        v.extend(a.q_proj.as_ref());
+        v.extend([&a.kv_a_proj, &a.kv_b_proj, &a.o_proj]);
+        v.extend(a.w_uk_t.iter());
+        if let Some(ix) = &a.indexer {
+            v.extend([&ix.wq_b, &ix.wk, &ix.weights_proj]);
+        }
+        let experts: Vec<&Expert> = match &self.ffn {
+            Ffn::Dense(e) => vec![e],
+            Ffn::Moe(m) => m.experts.iter().chain(m.shared.as_ref()).collect(),
+        };
+        for e in experts {
+            v.extend([&e.gate, &e.up, &e.down]);
+        }
     }
 }

@@ -103,26 +103,13 @@ impl MtpProposer {
     }
 
     /// Give the MTP cache a second KV tier (`EngineConfig::kv_offload`): its evicted and
-    /// published prompt blocks are kept like the target's, in a file of its own (the target's
-    /// fingerprint salted), so a prefix the target restores from its tier is matched by the
-    /// MTP's too.
+    /// published prompt blocks are kept like the target's, in a file of its own (the model's
+    /// fingerprint over its MTP layers too, salted), so a prefix the target restores from its
+    /// tier is matched by the MTP's too.
     pub fn with_tier(mut self, cfg: &TierConfig) -> Result<Self> {
-        // The target's fingerprint covers V4's MTP block but not V3's MTP layers: mix in their
-        // norms and a few eh_proj rows.
-        let mut h = self.model.fingerprint() ^ 0x6d74_705f_7469_6572; // "mtp_tier"
-        let mut eat = |x: u32| h = (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3);
-        for l in &self.model.mtp {
-            let m = &l.eh_proj;
-            let mut row = vec![0f32; m.cols]; // [2 * hidden]
-            for r in [0, m.rows / 2, m.rows.saturating_sub(1)] {
-                crate::kernels::matrix_row_f32(m, r, &mut row);
-                row.iter().for_each(|v| eat(v.to_bits()));
-            }
-            for v in l.enorm.iter().chain(&l.hnorm).chain(&l.head_norm) {
-                eat(v.to_bits());
-            }
-        }
-        self.kv.attach_tier(cfg, h)?;
+        const MTP_TIER_SALT: u64 = 0x6d74_705f_7469_6572; // "mtp_tier"
+        self.kv
+            .attach_tier(cfg, self.model.mtp_fingerprint() ^ MTP_TIER_SALT)?;
         Ok(self)
     }
 }
@@ -310,9 +297,7 @@ impl Proposer for MtpProposer {
     }
 
     fn match_prefix(&mut self, id: u64, prompt: &[u32], max: usize) -> usize {
-        if let Some(mut old) = self.seqs.remove(&id) {
-            self.kv.free(&mut old.kv);
-        }
+        self.release(id);
         let mut s = new_seq(0);
         // MTP position j needs t_{j+1}: at most prompt.len() - 1 positions can be cached.
         s.keys = prefix_keys(prompt);
