@@ -4,7 +4,7 @@
 //! and the bf16 GEMV's fraction of the device's memory bandwidth.
 
 use crate::error::Result;
-use crate::kernels::{matmul, rms_norm, Matrix};
+use crate::kernels::{matmul, pin_thread, rms_norm, Isa, IsaLevel, Matrix};
 use crate::kv::dtype::{encode_fp8, f32_to_bf16, f32_to_fp8};
 use crate::sampling::log_softmax;
 
@@ -55,6 +55,15 @@ fn line(op: &str, error: f64, tolerance: f64, note: String) -> CheckLine {
 
 /// Run every check; the lines say what passed.
 pub fn gpu_check(gpu: &Gpu) -> Result<Vec<CheckLine>> {
+    // The CPU reference keeps the exact f32 order: `auto` may pick `avx512bf16`, whose products
+    // round the activations to bf16 (an error of ~2^-9 relative, far above these tolerances).
+    pin_thread(Isa::new(IsaLevel::best_exact()));
+    let out = kernel_checks(gpu);
+    pin_thread(None);
+    out
+}
+
+fn kernel_checks(gpu: &Gpu) -> Result<Vec<CheckLine>> {
     let mut r = Rand(0x5eed_c0da);
     let mut out = Vec::new();
     // RMSNorm
@@ -513,6 +522,8 @@ pub fn forward_checks(ordinal: usize, fixtures: &[std::path::PathBuf]) -> Result
                 .collect()
         };
         let cfg = |device, spec| EngineConfig {
+            // exact f32 products on the CPU side (see `gpu_check`)
+            isa: Some(IsaLevel::best_exact()),
             kv_dtype: KvDtype::Bf16,
             prefix_cache: false,
             num_blocks: 64,
