@@ -26,8 +26,7 @@ fn target() -> std::path::PathBuf {
 fn fp8_draft() -> std::path::PathBuf {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("specmla-v32-draft-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
+        let d = common::process_fixture_dir("specmla-v32-draft");
         specmla::weights::quantize_dir(&target(), &d, 16).unwrap();
         d
     })
@@ -147,9 +146,7 @@ fn target_with_mtp() -> std::path::PathBuf {
     DIR.get_or_init(|| {
         use specmla::weights::{WeightSource, WeightStore};
         let src = target();
-        let dst = std::env::temp_dir().join(format!("specmla-v32-mtp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dst);
-        std::fs::create_dir_all(&dst).unwrap();
+        let dst = common::process_fixture_dir("specmla-v32-mtp");
         let mut cfg: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
                 .unwrap();

@@ -371,14 +371,38 @@ pub fn budget_requests(
         .collect()
 }
 
+/// A fresh, empty directory `<prefix>-<pid>` for a fixture that lives as long as this test
+/// process (held in a `OnceLock`, so nothing removes it at exit): under the temp directory,
+/// after removing the `<prefix>-<pid>` directories of processes that have ended (earlier runs'
+/// copies would otherwise pile up there, a few MB each).
+pub fn process_fixture_dir(prefix: &str) -> std::path::PathBuf {
+    let root = std::env::temp_dir();
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix(prefix)
+                .and_then(|r| r.strip_prefix('-'))
+                .and_then(|r| r.parse::<u32>().ok());
+            if let Some(pid) = pid {
+                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+    let d = root.join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// models/draft with every weight replaced by deterministic noise (same names, shapes, bf16).
 pub fn random_draft() -> std::path::PathBuf {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let src = repo().join("models/draft");
-        let d = std::env::temp_dir().join(format!("specmla-random-draft-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
+        let d = process_fixture_dir("specmla-random-draft");
         for f in ["config.json", "tokenizer.json"] {
             std::fs::copy(src.join(f), d.join(f)).unwrap();
         }
