@@ -90,6 +90,14 @@ fn single_pass(n: usize, cols: usize) -> bool {
     SP_TOKENS.contains(&n) && cols >= 1024 && n * cols * 2 <= SP_X_BYTES
 }
 
+/// How many row tiles ahead the single-pass tiles prefetch (the other paths: the next one). A
+/// 2 x 9 tile over 1536 columns spends ~900 `vdpbf16ps` (~0.2 us) per row tile, about one
+/// loaded DRAM latency, so the next tile's lines arrived late; three tiles ahead streamed the
+/// widened target's 1536-column matrices 8-27 % faster at 8 and 9 tokens (Zen 5, 2 threads,
+/// alternated rounds with the caches flushed between; BENCHMARKS.md "Prefetch distance of the
+/// single-pass tiles"). Only when bytes arrive changes, never a result.
+const SP_PF_TILES: usize = 3;
+
 /// L1 bytes the activations ([n, cols] bf16) of a few-token product may take for it to run on
 /// one-row tiles (1 x n), which re-read every token's chunk for each row: room beside the
 /// streamed weights in a 32 KB L1 (Zen 4; Zen 5 has 48 KB). Every shape measured (the widened
@@ -559,9 +567,10 @@ impl Job<'_> {
             let mut i0 = 0;
             while i0 < nrows {
                 let m = if nrows - i0 >= mr_sp(n) { mr_sp(n) } else { 1 };
-                let pf_rows = left(i0 + m).min(m);
+                // the rows SP_PF_TILES tiles on (the prefetch stays inside the matrix)
+                let pf_rows = left(i0 + SP_PF_TILES * m).min(m);
                 let (w, op) = (w0.add(i0 * cols), o.add(i0 * n));
-                let pf = w.add(m * cols);
+                let pf = w.wrapping_add(SP_PF_TILES * m * cols);
                 macro_rules! go {
                     ($($r:literal, $t:literal);*) => {
                         match (m, n) {
