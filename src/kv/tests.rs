@@ -195,6 +195,32 @@ fn prefix_match_shares_blocks_and_counts_hits() {
 }
 
 #[test]
+fn a_shortened_prefix_hit_is_counted_once() {
+    let mut c = KvCache::new(cfg(KvDtype::F32, 8)).unwrap();
+    let prompt: Vec<u32> = (100..110).collect(); // 10 tokens: 2 full blocks of 4
+    let mut a = SeqKv::new();
+    fill(&mut c, &mut a, 10, 1);
+    c.register_prefix(&a, &prompt);
+    let mut b = c.match_prefix(&prompt, usize::MAX);
+    assert_eq!(b.len(), 8);
+    // the caller could use only 6 tokens: the hit shrinks to one block, counted as such
+    c.shorten_prefix_hit(&mut b, &prompt, 6);
+    assert_eq!(b.len(), 4);
+    assert_eq!(b.blocks(), &a.blocks()[..1]);
+    assert_eq!(c.block_refcount(a.blocks()[1]), 1, "the second block went back");
+    let st = c.stats();
+    assert_eq!((st.prefix_hit_tokens, st.prefix_query_tokens), (4, 10));
+    // none usable: no hit left, the query still counted once
+    c.shorten_prefix_hit(&mut b, &prompt, 0);
+    assert_eq!(b.len(), 0);
+    let st = c.stats();
+    assert_eq!((st.prefix_hit_tokens, st.prefix_query_tokens), (0, 10));
+    c.check_invariants(&[&a, &b]).unwrap();
+    c.free(&mut a);
+    c.check_invariants(&[]).unwrap();
+}
+
+#[test]
 fn prefix_match_verifies_tokens_and_parent() {
     let mut c = KvCache::new(cfg(KvDtype::F32, 8)).unwrap();
     let p1: Vec<u32> = (0..8).collect();

@@ -316,10 +316,7 @@ impl Proposer for MtpProposer {
                 // Match again, shorter (a truncation may not cut below a sliding window; the
                 // blocks just released are still cached). Should it find fewer, the target's
                 // hidden rows start past the MTP KV and the request drafts nothing (module doc).
-                self.kv.free(&mut s.kv);
-                if len > 0 {
-                    s.kv = self.kv.match_prefix(&keys, len);
-                }
+                self.kv.shorten_prefix_hit(&mut s.kv, &keys, len);
                 s.hid_start = len;
             }
         }

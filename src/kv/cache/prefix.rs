@@ -173,6 +173,19 @@ impl KvCache {
         seq
     }
 
+    /// Give back a prefix hit `seq` that the caller could use only up to `len` tokens, and keep
+    /// the longest hit within `len` (matched again; a truncation could cut below a sliding
+    /// window): the query is not counted twice and the hit counts as the shorter one.
+    pub fn shorten_prefix_hit(&mut self, seq: &mut SeqKv, tokens: &[u32], len: usize) {
+        let counted = seq.len as u64;
+        self.free(seq);
+        self.prefix_hit_tokens = self.prefix_hit_tokens.saturating_sub(counted);
+        if len > 0 {
+            *seq = self.match_prefix(tokens, len);
+            self.prefix_query_tokens = self.prefix_query_tokens.saturating_sub(tokens.len() as u64);
+        }
+    }
+
     /// `match_prefix` with a second tier: the blocks matched in the pool are held, the chain
     /// continues from the tier (each restored block takes a pool block and its prefix identity);
     /// with a window class the hit is then cut to the longest length whose lookback rows are in
