@@ -4,7 +4,8 @@
 //! `Engine::arm_stats` and in the metrics text (parsed with a real text-format parser); per-arm
 //! counters add up to the engine totals; a request's explicit arm is honoured; MTP, n-gram and
 //! a no-speculation control arm work as arms; swapping to and from an A/B drafter mid-generation
-//! keeps outputs; bad A/B setups are refused.
+//! keeps outputs; bad A/B setups are refused; with prefix caching only a request's own arm
+//! restores a cached prefix.
 
 mod common;
 
@@ -256,4 +257,56 @@ fn swaps_to_and_from_ab_keep_outputs_and_bad_setups_are_refused() {
         &run_checked(&e, reqs[..2].to_vec(), &[]),
         &reqs[..2],
     );
+}
+
+/// With prefix caching, a request's arm is fixed at admission, so only that arm restores a
+/// cached prefix: requests sent to an n-gram arm reuse the target's whole cached prefix even
+/// though the MTP arm beside it holds none of it (before, both arms restored and the target
+/// kept what both could use: nothing), and the MTP arm's cache is never queried.
+#[test]
+fn only_the_chosen_arm_restores_a_cached_prefix() {
+    let prompts = common::workload_prompt_ids(5);
+    let mut system = prompts[4].clone(); // a shared "system" prefix (without its <think>)
+    system.pop();
+    let full = (system.len() / 16 * 16) as u64;
+    assert!(full >= 32, "shared prefix of {} tokens", system.len());
+    let reqs: Vec<Request> = requests(4)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut r)| {
+            let mut p = system.clone();
+            p.extend(&prompts[i]);
+            r.prompt = specmla::engine::Prompt::Tokens(p);
+            r.draft_arm = Some(1);
+            r
+        })
+        .collect();
+    let base = plain(&reqs);
+    let mut c = spec_test_cfg(SpecMode::Fixed(2));
+    c.prefix_cache = true;
+    let e = Engine::new(
+        &target(),
+        ab(
+            DraftSource::Mtp,
+            DraftSource::Ngram { min_n: 1, max_n: 3 },
+            0.0,
+        ),
+        c,
+    )
+    .unwrap();
+    // one request at a time: each finds the previous ones' prompt blocks cached
+    let got: Vec<Output> = reqs
+        .iter()
+        .flat_map(|r| run_checked(&e, vec![r.clone()], &[]))
+        .collect();
+    assert_same_outputs("arm b, prefix cache", &base, &got, &reqs);
+    for (i, o) in got.iter().enumerate().skip(1) {
+        assert!(
+            o.counters.cached_prompt_tokens >= full,
+            "request {i} reused {} of {full} cached prompt tokens",
+            o.counters.cached_prompt_tokens
+        );
+    }
+    let mtp_kv = e.stats().draft_kv.expect("draft KV stats");
+    assert_eq!(mtp_kv.prefix_query_tokens, 0, "the MTP arm was queried");
 }

@@ -238,6 +238,7 @@ impl Core {
                 // A reused prefix has no target hidden states: a drafter that needs them (MTP)
                 // restores its own state of the prefix, and the target reuses no more than that.
                 if let Some(p) = self.proposer.as_mut() {
+                    p.admit(r.id, r.draft_arm);
                     max = p.match_prefix(r.id, prompt, max);
                 }
                 r.kv = self.kv.match_prefix(prompt, max);

@@ -9,8 +9,10 @@
 //! Guarantees: a request's arm is the one it asked for (`Request::draft_arm`), else a fixed
 //! hash of its id against the ratio — deterministic for a given submission order; once chosen
 //! it never changes, so each arm sees only its own requests' contexts and each stays lossless
-//! on its own. Hidden states that arrive before a request's first proposal (the MTP arm needs
-//! the prefill's) go to both arms; the arm not chosen forgets the request at its first proposal.
+//! on its own. The arm is fixed when the request is admitted with prefix caching on
+//! (`Proposer::admit`: only that arm restores a cached prefix), else at its first proposal;
+//! hidden states that arrive before the choice (the MTP arm needs the prefill's) go to both arms,
+//! and the arm not chosen forgets the request when it is made.
 
 use std::collections::HashMap;
 
@@ -192,9 +194,13 @@ impl Proposer for AbProposer {
         }
     }
 
+    fn admit(&mut self, id: u64, asked: Option<u8>) {
+        self.choose(id, asked);
+    }
+
     fn match_prefix(&mut self, id: u64, prompt: &[u32], max: usize) -> usize {
-        // Before its first proposal a request may go to either arm: both restore, the target
-        // keeps what both can use.
+        // Normally the arm was fixed at admission (`admit`); without that both arms restore
+        // and the target keeps what both can use.
         let mut keep = max;
         for a in self.targets(id) {
             if let Some(p) = self.arms[a].as_mut() {
@@ -266,5 +272,53 @@ mod tests {
         ab.release(3);
         assert_eq!(ab.arm_of(3, Some(0)), Some(0));
         assert_eq!(ab.arm_of(5000, None), ab.arm_of(5000, None));
+    }
+
+    /// Records which requests it was asked to restore, and holds them until released.
+    #[derive(Default)]
+    struct Restorer {
+        held: std::sync::Arc<std::sync::Mutex<Vec<u64>>>,
+    }
+
+    impl Proposer for Restorer {
+        fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
+            Ok(reqs.iter().map(|_| Proposal::default()).collect())
+        }
+        fn on_commit(&mut self, _id: u64, _context: &[u32]) {}
+        fn release(&mut self, id: u64) {
+            self.held.lock().unwrap().retain(|&h| h != id);
+        }
+        fn name(&self) -> String {
+            "restorer".into()
+        }
+        fn match_prefix(&mut self, id: u64, _prompt: &[u32], max: usize) -> usize {
+            self.held.lock().unwrap().push(id);
+            max / 2
+        }
+    }
+
+    #[test]
+    fn only_the_admitted_arm_restores_a_prefix() {
+        let (a, b) = (Restorer::default(), Restorer::default());
+        let (ha, hb) = (a.held.clone(), b.held.clone());
+        let mut ab = AbProposer::new(Some(Box::new(a)), Some(Box::new(b)), 0.5);
+        let prompt = [5u32; 40];
+        // admitted with an arm: only that arm restores, and the target keeps what it restored
+        ab.admit(1, Some(1));
+        assert_eq!(ab.match_prefix(1, &prompt, 40), 20);
+        assert_eq!((ha.lock().unwrap().clone(), hb.lock().unwrap().clone()), (vec![], vec![1]));
+        // the ratio's choice likewise
+        ab.admit(2, None);
+        ab.match_prefix(2, &prompt, 40);
+        let arm = ab.arm_of(2, None).unwrap();
+        let holders = [ha.lock().unwrap().contains(&2), hb.lock().unwrap().contains(&2)];
+        assert_eq!(holders, [arm == 0, arm == 1]);
+        // without an admission (a caller that never calls it) both arms restore
+        ab.match_prefix(3, &prompt, 40);
+        assert!(ha.lock().unwrap().contains(&3) && hb.lock().unwrap().contains(&3));
+        ab.release(1);
+        ab.release(2);
+        ab.release(3);
+        assert!(ha.lock().unwrap().is_empty() && hb.lock().unwrap().is_empty());
     }
 }

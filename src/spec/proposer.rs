@@ -127,6 +127,10 @@ pub trait Proposer: Send {
     fn wants_hidden(&self) -> bool {
         false
     }
+    /// Request `id` (which asked for A/B arm `asked`) is being admitted, before its prefix match:
+    /// a proposer that routes requests (`AbProposer`) fixes the request's arm here, so that only
+    /// that arm restores a cached prefix and takes the prefill's hidden states. Default: nothing.
+    fn admit(&mut self, _id: u64, _asked: Option<u8>) {}
     /// Prefix-cache reuse, at a request's admission (prefix caching on, the target's KV of
     /// `prompt` not computed yet): restore from the proposer's own cache what it holds of the
     /// request's first `max` positions and return how many positions that is. The engine then
