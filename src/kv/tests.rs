@@ -207,7 +207,11 @@ fn a_shortened_prefix_hit_is_counted_once() {
     c.shorten_prefix_hit(&mut b, &prompt, 6);
     assert_eq!(b.len(), 4);
     assert_eq!(b.blocks(), &a.blocks()[..1]);
-    assert_eq!(c.block_refcount(a.blocks()[1]), 1, "the second block went back");
+    assert_eq!(
+        c.block_refcount(a.blocks()[1]),
+        1,
+        "the second block went back"
+    );
     let st = c.stats();
     assert_eq!((st.prefix_hit_tokens, st.prefix_query_tokens), (4, 10));
     // none usable: no hit left, the query still counted once

@@ -306,12 +306,18 @@ mod tests {
         // admitted with an arm: only that arm restores, and the target keeps what it restored
         ab.admit(1, Some(1));
         assert_eq!(ab.match_prefix(1, &prompt, 40), 20);
-        assert_eq!((ha.lock().unwrap().clone(), hb.lock().unwrap().clone()), (vec![], vec![1]));
+        assert_eq!(
+            (ha.lock().unwrap().clone(), hb.lock().unwrap().clone()),
+            (vec![], vec![1])
+        );
         // the ratio's choice likewise
         ab.admit(2, None);
         ab.match_prefix(2, &prompt, 40);
         let arm = ab.arm_of(2, None).unwrap();
-        let holders = [ha.lock().unwrap().contains(&2), hb.lock().unwrap().contains(&2)];
+        let holders = [
+            ha.lock().unwrap().contains(&2),
+            hb.lock().unwrap().contains(&2),
+        ];
         assert_eq!(holders, [arm == 0, arm == 1]);
         // without an admission (a caller that never calls it) both arms restore
         ab.match_prefix(3, &prompt, 40);

@@ -93,9 +93,10 @@ fn single_pass(n: usize, cols: usize) -> bool {
 /// How many row tiles ahead the single-pass tiles prefetch (the other paths: the next one). A
 /// 2 x 9 tile over 1536 columns spends ~900 `vdpbf16ps` (~0.2 us) per row tile, about one
 /// loaded DRAM latency, so the next tile's lines arrived late; three tiles ahead streamed the
-/// widened target's 1536-column matrices 8-27 % faster at 8 and 9 tokens (Zen 5, 2 threads,
-/// alternated rounds with the caches flushed between; BENCHMARKS.md "Prefetch distance of the
-/// single-pass tiles"). Only when bytes arrive changes, never a result.
+/// widened target's 1536-column matrices 8-27 % faster at 8 and 9 tokens in two checks and
+/// within +-10 % (6 of 9 faster) in a third (Zen 5, 2 threads, alternated rounds with the caches
+/// flushed between; BENCHMARKS.md "Kernel walks re-checked with the caches flushed"). Only when
+/// bytes arrive changes, never a result.
 const SP_PF_TILES: usize = 3;
 
 /// L1 bytes the activations ([n, cols] bf16) of a few-token product may take for it to run on
