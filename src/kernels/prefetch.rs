@@ -7,7 +7,8 @@
 //! chosen once per process from the CPU vendor: AMD (Zen) prefetches into the L2, which measured
 //! 1.3x the streaming rate of L1 prefetches there (docs/BENCHMARKS.md, "Weight prefetch hint");
 //! everything else keeps the L1 hint that measured best on Intel Xeon. [`set_prefetch_hint`]
-//! overrides it (benchmarks compare both in one process).
+//! overrides it (benchmarks compare both in one process). Exception: the AVX512-BF16 tiles of
+//! several tokens (`gemm/bf16dot.rs`) always prefetch into the L1, measured faster on Zen 5.
 //!
 //! Guarantee: a prefetch never changes a result, only when bytes arrive; both hints give the same
 //! bits on every ISA level.

@@ -259,7 +259,12 @@ unsafe fn tile<const R: usize, const T: usize>(
     pf: *const u16,
     pf_rows: usize,
 ) {
-    let l2 = prefetch_to_l2();
+    // One token: the process-wide hint (the L2 on AMD, where a pure stream measured faster so).
+    // Several tokens: always the L1. Their tiles spend longer on each line, so a line left in
+    // the L2 costs its L2-to-L1 latency in the middle of the dot work; on Zen 5 (rotated,
+    // cache-flushed walks of the widened target's shapes, 2..16 tokens) the L1 hint streamed
+    // 1-38 % more in 32 of 37 cases and tied the rest (BENCHMARKS.md "Kernel walks re-checked").
+    let l2 = T == 1 && prefetch_to_l2();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for c in 0..nk {
         let off = c * K_CHUNK;

@@ -284,9 +284,10 @@ pub fn run(
     );
     text += &format!("KV bytes/token ({}, all layers): {kv_bpt}\n", a.kv_dtype);
     text += &format!(
-        "kernels: {}; weight prefetch into {}\n\n",
+        "kernels: {}; weight prefetch into {}{}\n\n",
         isa.describe(),
-        specmla::kernels::prefetch_hint().name().to_uppercase()
+        specmla::kernels::prefetch_hint().name().to_uppercase(),
+        if isa.bf16_dot() { " (bf16-dot tiles of several tokens: L1)" } else { "" }
     );
     text += &format!(
         "prefill {prefill_len} tokens: {:.3} s (best of {prefill_reps}) = {:.1} tokens/s; {:.1} GFLOP -> {:.1} GFLOP/s = {:.1}% of peak\n\n",

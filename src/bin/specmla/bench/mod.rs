@@ -71,7 +71,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto")]
     pub isa: String,
     /// Weight prefetch hint of the streaming kernels: auto (L2 on AMD, L1 elsewhere), l1, l2.
-    /// Process-wide; never changes results.
+    /// Process-wide; never changes results (the AVX512-BF16 tiles of several tokens always
+    /// prefetch into L1).
     #[arg(long, default_value = "auto")]
     pub prefetch: String,
     /// Worker threads of the engine and of the machine probes.
