@@ -5,12 +5,17 @@
 //! (checked, typed zero-copy views; the mapping outlives the store while a model uses it) -> `model`. Guarantees: every header is fully validated when the store
 //! is opened (length, UTF-8, JSON, dtypes, offsets contiguous and inside the file, byte sizes equal
 //! to `numel * dtype size`), so [`WeightStore::get`] never reads out of bounds; a malformed file is
-//! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped, not read into memory.
+//! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped, not read into memory —
+//! unless [`set_huge_page_weights`] asked for weights in huge pages: then each file is read once
+//! into an anonymous mapping advised `MADV_HUGEPAGE` (2 MB-aligned; the same bytes, so the same
+//! tensors and alignments), trading a slower load for fewer TLB misses while the kernels stream
+//! the weights (docs/BENCHMARKS.md "Weights in huge pages").
 
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use memmap2::Mmap;
@@ -48,6 +53,28 @@ pub struct TensorView<'a> {
 enum Backing {
     Mmap(Mmap),
     Bytes(Vec<u8>),
+    /// A file's bytes copied into an anonymous (huge-page advised) mapping at `off`.
+    HugePages {
+        map: Mmap,
+        off: usize,
+        len: usize,
+    },
+}
+
+/// Whether files opened from now on are copied into huge pages (see the module doc).
+static HUGE_PAGE_WEIGHTS: AtomicBool = AtomicBool::new(false);
+
+/// Process-wide: load the weights of stores opened after this call into huge pages (`true`:
+/// read each file into an anonymous mapping advised `MADV_HUGEPAGE`; Linux only, elsewhere
+/// and where the kernel refuses the advice the copy still works, in ordinary pages) or map
+/// the files (`false`, the default: zero-copy, no load-time copy). Results never change.
+pub fn set_huge_page_weights(on: bool) {
+    HUGE_PAGE_WEIGHTS.store(on, Ordering::Relaxed);
+}
+
+/// The setting of [`set_huge_page_weights`].
+pub fn huge_page_weights() -> bool {
+    HUGE_PAGE_WEIGHTS.load(Ordering::Relaxed)
 }
 
 impl Backing {
@@ -55,6 +82,7 @@ impl Backing {
         match self {
             Backing::Mmap(m) => m,
             Backing::Bytes(b) => b,
+            Backing::HugePages { map, off, len } => &map[*off..*off + *len],
         }
     }
 }
@@ -360,6 +388,8 @@ fn map_file(p: &Path) -> Result<Shard> {
     let path = p.display().to_string();
     let backing = if len == 0 {
         Backing::Bytes(Vec::new())
+    } else if huge_page_weights() {
+        read_into_huge_pages(f, len, p)?
     } else {
         // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as
         // immutable while the engine runs; truncating one underneath a running engine is outside
@@ -375,6 +405,26 @@ fn map_file(p: &Path) -> Result<Shard> {
         path,
         backing: Arc::new(backing),
     })
+}
+
+/// The `len` bytes of `f` in an anonymous mapping advised `MADV_HUGEPAGE` before it is written
+/// (so the kernel backs it with 2 MB pages where transparent huge pages are `madvise` or
+/// `always`), starting at a 2 MB boundary, then made read-only.
+fn read_into_huge_pages(mut f: File, len: u64, p: &Path) -> Result<Backing> {
+    use std::io::Read;
+    const HUGE: usize = 2 << 20;
+    let n = usize::try_from(len).map_err(|_| Error::Safetensors {
+        path: p.display().to_string(),
+        msg: format!("{len} bytes do not fit this machine's address space"),
+    })?;
+    let mut map = memmap2::MmapMut::map_anon(n + HUGE).map_err(|e| io_err(p, e))?;
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage); // refused: ordinary pages, same bytes
+    let off = (HUGE - map.as_ptr() as usize % HUGE) % HUGE;
+    f.read_exact(&mut map[off..off + n])
+        .map_err(|e| io_err(p, e))?;
+    let map = map.make_read_only().map_err(|e| io_err(p, e))?;
+    Ok(Backing::HugePages { map, off, len: n })
 }
 
 fn describe(e: SafeTensorError) -> String {

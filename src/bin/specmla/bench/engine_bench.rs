@@ -287,7 +287,11 @@ pub fn run(
         "kernels: {}; weight prefetch into {}{}\n\n",
         isa.describe(),
         specmla::kernels::prefetch_hint().name().to_uppercase(),
-        if isa.bf16_dot() { " (bf16-dot tiles of several tokens: L1)" } else { "" }
+        if isa.bf16_dot() {
+            " (bf16-dot tiles of several tokens: L1)"
+        } else {
+            ""
+        }
     );
     text += &format!(
         "prefill {prefill_len} tokens: {:.3} s (best of {prefill_reps}) = {:.1} tokens/s; {:.1} GFLOP -> {:.1} GFLOP/s = {:.1}% of peak\n\n",

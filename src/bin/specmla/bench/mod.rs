@@ -75,6 +75,9 @@ pub struct BenchArgs {
     /// prefetch into L1).
     #[arg(long, default_value = "auto")]
     pub prefetch: String,
+    /// Read the weights into huge pages instead of mapping the files (`generate --huge-pages`).
+    #[arg(long)]
+    pub huge_pages: bool,
     /// Worker threads of the engine and of the machine probes.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -375,6 +378,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
     specmla::kernels::set_prefetch_hint(crate::generate::parse_prefetch(&a.prefetch)?);
+    specmla::weights::set_huge_page_weights(a.huge_pages);
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
     let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4 && !a.ttft);
     let mut sections: Vec<Section> = Vec::new();
