@@ -36,6 +36,15 @@ fn ab(a: DraftSource, b: DraftSource, ratio_b: f64) -> DraftSource {
     }
 }
 
+/// The target's MTP layer in arm A, an n-gram drafter in arm B.
+fn mtp_and_ngram(ratio_b: f64) -> DraftSource {
+    ab(
+        DraftSource::Mtp,
+        DraftSource::Ngram { min_n: 1, max_n: 3 },
+        ratio_b,
+    )
+}
+
 fn acceptance(c: &Counters) -> f64 {
     c.accepted_tokens as f64 / c.drafted_tokens.max(1) as f64
 }
@@ -114,11 +123,7 @@ fn explicit_arms_mtp_ngram_and_a_control_arm() {
     // every request asks for arm B: arm A serves nobody
     let e = Engine::new(
         &target(),
-        ab(
-            DraftSource::Mtp,
-            DraftSource::Ngram { min_n: 1, max_n: 3 },
-            0.0,
-        ),
+        mtp_and_ngram(0.0),
         spec_test_cfg(SpecMode::Fixed(2)),
     )
     .unwrap();
@@ -142,11 +147,7 @@ fn explicit_arms_mtp_ngram_and_a_control_arm() {
     // ratio split: MTP (needs the target's hidden states) in one arm, n-gram in the other
     let e = Engine::new(
         &target(),
-        ab(
-            DraftSource::Mtp,
-            DraftSource::Ngram { min_n: 1, max_n: 3 },
-            0.5,
-        ),
+        mtp_and_ngram(0.5),
         spec_test_cfg(SpecMode::Fixed(3)),
     )
     .unwrap();
@@ -284,16 +285,7 @@ fn only_the_chosen_arm_restores_a_cached_prefix() {
     let base = plain(&reqs);
     let mut c = spec_test_cfg(SpecMode::Fixed(2));
     c.prefix_cache = true;
-    let e = Engine::new(
-        &target(),
-        ab(
-            DraftSource::Mtp,
-            DraftSource::Ngram { min_n: 1, max_n: 3 },
-            0.0,
-        ),
-        c,
-    )
-    .unwrap();
+    let e = Engine::new(&target(), mtp_and_ngram(0.0), c).unwrap();
     // one request at a time: each finds the previous ones' prompt blocks cached
     let got: Vec<Output> = reqs
         .iter()

@@ -71,19 +71,20 @@ struct DraftSeq {
     /// Tokens whose draft KV is written (a prefix of the committed context + fed drafts).
     fed: Vec<u32>,
     rng: Rng,
-    /// Whether `rng` was seeded from the request's params (a prefix match at admission makes
-    /// the entry before the first `propose`).
+    /// Whether `rng` was seeded from the request's params (at the request's first `propose`;
+    /// a prefix match at admission makes the entry before it).
     seeded: bool,
     /// Admitted through prefix matching: publish its prompt blocks once written.
     publish: bool,
 }
 
-fn new_seq(seed: u64) -> DraftSeq {
+/// An entry not seeded yet (`propose` seeds it from the request's params).
+fn new_seq() -> DraftSeq {
     DraftSeq {
         kv: SeqKv::new(),
         fed: Vec::new(),
-        rng: Rng::new(seed),
-        seeded: true,
+        rng: Rng::new(0),
+        seeded: false,
         publish: false,
     }
 }
@@ -154,7 +155,7 @@ impl Proposer for DraftModelProposer {
                 continue;
             }
             let seed = r.params.seed ^ 0x9e37_79b9_7f4a_7c15;
-            let s = self.seqs.entry(r.id).or_insert_with(|| new_seq(seed));
+            let s = self.seqs.entry(r.id).or_insert_with(new_seq);
             if !s.seeded {
                 s.rng = Rng::new(seed);
                 s.seeded = true;
@@ -293,8 +294,7 @@ impl Proposer for DraftModelProposer {
         // reproducible MHA path): restore what the draft's own cache holds, and let the target
         // reuse whatever it has (the draft catches up on the rest from the tokens).
         self.drop_seq(id);
-        let mut s = new_seq(0);
-        s.seeded = false;
+        let mut s = new_seq();
         s.kv = self.kv.match_prefix(prompt, max);
         s.fed = prompt[..s.kv.len()].to_vec();
         s.publish = true;
