@@ -335,6 +335,13 @@ typedef struct specmla_engine_params {
    * fewer drafts). 0 = off. Default 0.75 (llama.cpp's `--draft-p-min`).
    */
   float draft_p_min;
+  /**
+   * Read this engine's weight files (target, and draft models at creation and at every
+   * swap) into anonymous huge pages instead of mapping them: a memory-bound model decodes up
+   * to ~10 % faster for a load that copies every file and keeps every weight resident.
+   * Outputs are the same. Other engines of the process are not affected. Default false.
+   */
+  bool huge_page_weights;
 } specmla_engine_params;
 
 /**

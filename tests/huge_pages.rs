@@ -1,7 +1,10 @@
-//! Weights read into huge pages (`weights::set_huge_page_weights`, CLI `--huge-pages`): the
-//! engine decodes exactly what it decodes from the mapped files (tokens and log-probs, bitwise),
-//! the weights sit in anonymous huge pages where the kernel offers them, and a malformed file is
-//! still a clear error. Its own test binary: the setting is process-wide.
+//! Weights read into huge pages — per engine (`EngineConfig::huge_page_weights`, C ABI
+//! `huge_page_weights`) and process-wide (`weights::set_huge_page_weights`, CLI `--huge-pages`):
+//! the engine decodes exactly what it decodes from the mapped files (tokens and log-probs,
+//! bitwise), the weights sit in anonymous huge pages where the kernel offers them, an engine's
+//! choice leaves the next engine's loads mapped, and a malformed file is still a clear error.
+//! Its own test binary, one test: the process-wide setting and the process's huge-page count
+//! are shared state.
 
 mod common;
 
@@ -30,21 +33,49 @@ fn huge_page_weights_decode_the_same_and_bad_files_still_fail() {
         reqs.clone(),
         &[],
     );
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let thp = thp.contains("[always]") || thp.contains("[madvise]");
+    // at least `pages` more huge pages than `before` (where the kernel reports them and
+    // offers them to advised mappings)
+    let grew = |before: Option<u64>, pages: u64, what: &str| {
+        if let (Some(before), Some(after), true) = (before, anon_huge_kb(), thp) {
+            assert!(
+                after >= before + pages * 2048,
+                "{what}: AnonHugePages {before} kB -> {after} kB"
+            );
+        }
+    };
+
+    // one engine asks (the process-wide setting stays off): the target's 89 MB of files span
+    // 40+ huge pages; ask for 8 (a fragmented machine may back some with 4 KB pages) ...
+    let before = anon_huge_kb();
+    let mut own = cfg.clone();
+    own.huge_page_weights = true;
+    let e = Engine::new(&target, DraftSource::None, own).unwrap();
+    grew(before, 8, "engine with huge_page_weights");
+    // ... its drafters load into huge pages too (the draft's 4.3 MB file: 2 whole pages) ...
+    let before = anon_huge_kb();
+    e.set_draft_weights_blocking(draft()).unwrap();
+    grew(before, 1, "a draft swap of that engine");
+    let got = run_checked(&e, reqs.clone(), &[]);
+    common::assert_same_outputs("engine huge-page weights", &mapped, &got, &reqs);
+    // ... while the next engine without the field maps its files
+    let before = anon_huge_kb();
+    let plain = Engine::new(&target, draft(), cfg.clone()).unwrap();
+    if let (Some(before), Some(after)) = (before, anon_huge_kb()) {
+        assert!(
+            after < before + 2 * 2048,
+            "a mapped engine: AnonHugePages {before} kB -> {after} kB"
+        );
+    }
+    drop((e, plain));
+
+    // process-wide
     set_huge_page_weights(true);
     let before = anon_huge_kb();
     let e = Engine::new(&target, draft(), cfg).unwrap();
-    let thp =
-        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
-    if let (Some(before), Some(after)) = (before, anon_huge_kb()) {
-        if thp.contains("[always]") || thp.contains("[madvise]") {
-            // the target's 66 MB shard alone spans 30+ huge pages; ask for two (a fragmented
-            // machine may back some of them with 4 KB pages)
-            assert!(
-                after >= before + 2 * 2048,
-                "AnonHugePages {before} kB -> {after} kB"
-            );
-        }
-    }
+    grew(before, 8, "process-wide huge-page weights");
     let got = run_checked(&e, reqs.clone(), &[]);
     common::assert_same_outputs("huge-page weights", &mapped, &got, &reqs);
     // a file that is not a checkpoint is an error, read or mapped

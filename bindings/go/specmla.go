@@ -77,6 +77,7 @@ type EngineOptions struct {
 	KVDtype          uint32 // target KV cache dtype: SPECMLA_KV_* (0 auto = f32)
 	Device           string // the target's forward: "" / "cpu", "cuda" or "cuda:N" (needs KVDtype bf16)
 	DraftPMin        float32 // drafters' confidence cut in [0, 1]: stop drafting after a token below it (0 = off)
+	HugePageWeights  bool    // read this engine's weight files into huge pages instead of mapping them (faster memory-bound decode, slower load, all weights resident)
 }
 
 // DefaultEngineOptions mirrors specmla_engine_default_params.
@@ -87,7 +88,7 @@ func DefaultEngineOptions() EngineOptions {
 		KVNumBlocks: uint32(p.kv_num_blocks), DraftKVNumBlocks: uint32(p.draft_kv_num_blocks),
 		BlockSize: uint32(p.block_size), Threads: uint32(p.threads), MTP: bool(p.mtp),
 		ISA: uint32(p.isa), KVWindowBlocks: uint32(p.kv_window_blocks), KVDtype: uint32(p.kv_dtype),
-		DraftPMin: float32(p.draft_p_min),
+		DraftPMin: float32(p.draft_p_min), HugePageWeights: bool(p.huge_page_weights),
 	}
 }
 
@@ -112,6 +113,7 @@ func NewEngine(target, draft string, o EngineOptions) (*Engine, error) {
 	p.kv_offload_mem_bytes = C.uint64_t(o.KVOffloadMem)
 	p.kv_dtype = C.uint32_t(o.KVDtype)
 	p.draft_p_min = C.float(o.DraftPMin)
+	p.huge_page_weights = C.bool(o.HugePageWeights)
 	if o.Device != "" {
 		cdev := C.CString(o.Device)
 		defer C.free(unsafe.Pointer(cdev))

@@ -306,6 +306,17 @@ func TestMTPDrafterGreedyEqualsPlain(t *testing.T) {
 	if _, err := NewEngine(target, "", o); err == nil || !strings.Contains(err.Error(), "draft_p_min") {
 		t.Fatalf("draft_p_min 1.5: got %v, want an error naming the field", err)
 	}
+	// weights read into huge pages: the same output
+	o.DraftPMin = 0.5
+	o.HugePageWeights = true
+	huge, err := NewEngine(target, "", o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer huge.Close()
+	if got := s.run(t, huge, true, -1); !reflect.DeepEqual(got.Tokens, ref.Tokens) {
+		t.Fatalf("MTP with huge-page weights %v != plain %v", got.Tokens, ref.Tokens)
+	}
 }
 
 // The n-gram and no-drafter swaps keep greedy outputs; HasWork follows the queue.

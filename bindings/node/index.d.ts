@@ -25,6 +25,8 @@ export interface EngineOptions {
   kvOffloadMemBytes?: number;
   /** Drafters' confidence cut in [0, 1]: a request stops drafting for the step after a token its draft model / MTP layer gave a probability below it (outputs unchanged; 0 = off, default). */
   draftPMin?: number;
+  /** Read this engine's weight files into huge pages instead of mapping them: a memory-bound model decodes faster, the load copies every file and every weight stays resident; outputs are the same (default false). */
+  hugePageWeights?: boolean;
 }
 
 export interface RequestOptions {

@@ -58,6 +58,14 @@ pub struct EngineConfig {
     /// and the second KV tier are off there (their block copies are host-side). A machine
     /// without a driver or device gives an error at creation.
     pub device: crate::backend::Device,
+    /// Read this engine's weights (the target's files, and a draft model's or draft weights
+    /// file's, at creation and at every swap) into anonymous huge pages instead of mapping the
+    /// files (`weights::WeightStore::open_with`): fewer TLB misses while the kernels stream the
+    /// weights — batch-1 decode of a memory-bound model measured up to ~10 % faster — for a
+    /// load that copies every file (seconds for GBs) and keeps every weight resident (a
+    /// mapping holds only the experts a run touches). Same bytes, so the same outputs. False
+    /// (default): the process-wide setting (`weights::set_huge_page_weights`, off unless set).
+    pub huge_page_weights: bool,
 }
 
 /// Default confidence cut of the model drafters (`EngineConfig::draft_p_min`), llama.cpp's
@@ -98,6 +106,7 @@ impl Default for EngineConfig {
             isa: None,
             kv_offload: None,
             device: crate::backend::Device::Cpu,
+            huge_page_weights: false,
         }
     }
 }

@@ -79,6 +79,8 @@ pub(crate) struct SwapCtx {
     /// The target's second KV tier: the MTP drafter's cache gets one too (its own file), since
     /// the target reuses no more of a prefix than the MTP restores.
     pub kv_offload: Option<crate::kv::TierConfig>,
+    /// Read a draft model's files into huge pages (`EngineConfig::huge_page_weights`).
+    pub huge_page_weights: bool,
 }
 
 struct Ready {
@@ -202,7 +204,8 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
                     )));
                 }
             }
-            let store = WeightStore::open(WeightSource::Dir(dir.clone()))?;
+            let store =
+                WeightStore::open_with(WeightSource::Dir(dir.clone()), ctx.huge_page_weights)?;
             (
                 cfg,
                 store,
@@ -221,7 +224,8 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
                 )
             })?;
             let label = format!("draft-weights:{}", path.display());
-            (cfg, WeightStore::open(WeightSource::File(path))?, label)
+            let store = WeightStore::open_with(WeightSource::File(path), ctx.huge_page_weights)?;
+            (cfg, store, label)
         }
         DraftSource::Bytes(bytes) => {
             let cfg = ctx.current_draft_config.clone().ok_or_else(|| {

@@ -157,6 +157,15 @@ fn engine_params_are_validated() {
     // SAFETY: `p` is a valid struct of at least struct_size bytes.
     let got = unsafe { read_params(&p, engine_defaults(), "p") }.expect("valid");
     assert_eq!(got.draft_p_min, crate::engine::DEFAULT_DRAFT_P_MIN);
+    // huge-page weights: off by default, on when asked, off for a caller compiled before it
+    p = engine_defaults();
+    assert!(!engine_config(&p).expect("default").huge_page_weights);
+    p.huge_page_weights = true;
+    assert!(engine_config(&p).expect("on").huge_page_weights);
+    p.struct_size = std::mem::offset_of!(EngineParams, huge_page_weights);
+    // SAFETY: `p` is a valid struct of at least struct_size bytes.
+    let got = unsafe { read_params(&p, engine_defaults(), "p") }.expect("valid");
+    assert!(!got.huge_page_weights);
 }
 
 #[test]

@@ -110,6 +110,11 @@ pub struct EngineParams {
     /// the step after a token the drafter gave a probability below it (outputs unchanged; only
     /// fewer drafts). 0 = off. Default 0.75 (llama.cpp's `--draft-p-min`).
     pub draft_p_min: f32,
+    /// Read this engine's weight files (target, and draft models at creation and at every
+    /// swap) into anonymous huge pages instead of mapping them: a memory-bound model decodes up
+    /// to ~10 % faster for a load that copies every file and keeps every weight resident.
+    /// Outputs are the same. Other engines of the process are not affected. Default false.
+    pub huge_page_weights: bool,
 }
 
 /// Per-request parameters. Get defaults from `specmla_request_default_params()`. Pointers are
@@ -351,6 +356,7 @@ pub(crate) fn engine_defaults() -> EngineParams {
         kv_offload_mem_bytes: 0,
         device: std::ptr::null(),
         draft_p_min: crate::engine::DEFAULT_DRAFT_P_MIN,
+        huge_page_weights: false,
     }
 }
 
@@ -511,6 +517,7 @@ pub(crate) fn engine_config(p: &EngineParams) -> FfiResult<EngineConfig> {
             let d = unsafe { super::text::cstr(p.device, "device") }?;
             crate::backend::Device::parse(d).map_err(|e| FfiError::invalid(e.to_string()))?
         },
+        huge_page_weights: p.huge_page_weights,
     })
 }
 

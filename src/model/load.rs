@@ -17,10 +17,17 @@ use super::rope::Rope;
 use super::weights::{Attention, DecoderLayer, Expert, Ffn, Indexer, Model, Moe, MtpLayer};
 
 impl Model {
-    /// Load config.json and the safetensors weights of a model directory.
+    /// Load config.json and the safetensors weights of a model directory (files mapped, or
+    /// read into huge pages where the process-wide setting asks for it).
     pub fn load_dir(dir: &Path) -> Result<Model> {
+        Model::load_dir_with(dir, crate::weights::huge_page_weights())
+    }
+
+    /// [`Model::load_dir`], its files read into huge pages when `huge_pages`, else mapped
+    /// (`WeightStore::open_with`).
+    pub fn load_dir_with(dir: &Path, huge_pages: bool) -> Result<Model> {
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
-        let store = WeightStore::open(WeightSource::Dir(dir.to_path_buf()))?;
+        let store = WeightStore::open_with(WeightSource::Dir(dir.to_path_buf()), huge_pages)?;
         Model::load(config, &store)
     }
 

@@ -64,10 +64,12 @@ enum Backing {
 /// Whether files opened from now on are copied into huge pages (see the module doc).
 static HUGE_PAGE_WEIGHTS: AtomicBool = AtomicBool::new(false);
 
-/// Process-wide: load the weights of stores opened after this call into huge pages (`true`:
+/// Process-wide default: load the weights of stores opened after this call into huge pages (`true`:
 /// read each file into an anonymous mapping advised `MADV_HUGEPAGE`; Linux only, elsewhere
 /// and where the kernel refuses the advice the copy still works, in ordinary pages) or map
-/// the files (`false`, the default: zero-copy, no load-time copy). Results never change.
+/// the files (`false`, the default: zero-copy, no load-time copy). Results never change. An
+/// engine asks for huge pages for its own weights with `EngineConfig::huge_page_weights`
+/// (C ABI `huge_page_weights`) whatever this says ([`WeightStore::open_with`]).
 pub fn set_huge_page_weights(on: bool) {
     HUGE_PAGE_WEIGHTS.store(on, Ordering::Relaxed);
 }
@@ -148,12 +150,22 @@ fn io_err(path: &Path, e: std::io::Error) -> Error {
 }
 
 impl WeightStore {
+    /// Open `source` with the process-wide page choice ([`set_huge_page_weights`]).
     pub fn open(source: WeightSource) -> Result<Self> {
+        Self::open_with(source, huge_page_weights())
+    }
+
+    /// Open `source`, reading its files into huge pages when `huge_pages` (see the module
+    /// doc) and mapping them otherwise, whatever the process-wide setting: how an engine
+    /// created with `EngineConfig::huge_page_weights` loads its target and drafters without
+    /// changing how other engines of the process load theirs. In-memory bytes stay where they
+    /// are either way.
+    pub fn open_with(source: WeightSource, huge_pages: bool) -> Result<Self> {
         match source {
-            WeightSource::Dir(d) => Self::open_dir(&d),
+            WeightSource::Dir(d) => Self::open_dir_with(&d, huge_pages),
             WeightSource::File(p) => {
                 let mut s = Self::empty();
-                s.add_shard(map_file(&p)?)?;
+                s.add_shard(map_file(&p, huge_pages)?)?;
                 Ok(s)
             }
             WeightSource::Bytes(b) => {
@@ -167,12 +179,16 @@ impl WeightStore {
         }
     }
 
-    /// Open a model directory (see [`WeightSource::Dir`]).
+    /// Open a model directory (see [`WeightSource::Dir`]) with the process-wide page choice.
     pub fn open_dir(dir: &Path) -> Result<Self> {
+        Self::open_dir_with(dir, huge_page_weights())
+    }
+
+    fn open_dir_with(dir: &Path, huge_pages: bool) -> Result<Self> {
         let entries = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
         let index = dir.join("model.safetensors.index.json");
         if index.is_file() {
-            return Self::open_index(dir, &index);
+            return Self::open_index(dir, &index, huge_pages);
         }
         let single = dir.join("model.safetensors");
         let mut files = if single.is_file() {
@@ -196,17 +212,17 @@ impl WeightStore {
         }
         let mut s = Self::empty();
         for f in files.drain(..) {
-            s.add_shard(map_file(&f)?)?;
+            s.add_shard(map_file(&f, huge_pages)?)?;
         }
         Ok(s)
     }
 
-    fn open_index(dir: &Path, index: &Path) -> Result<Self> {
+    fn open_index(dir: &Path, index: &Path, huge_pages: bool) -> Result<Self> {
         let text = std::fs::read(index).map_err(|e| io_err(index, e))?;
         Self::open_index_with(&index.display().to_string(), &text, |file| {
             let p = dir.join(file);
             if p.is_file() {
-                map_file(&p).map(Some)
+                map_file(&p, huge_pages).map(Some)
             } else {
                 Ok(None)
             }
@@ -382,13 +398,13 @@ impl WeightStore {
     }
 }
 
-fn map_file(p: &Path) -> Result<Shard> {
+fn map_file(p: &Path, huge_pages: bool) -> Result<Shard> {
     let f = File::open(p).map_err(|e| io_err(p, e))?;
     let len = f.metadata().map_err(|e| io_err(p, e))?.len();
     let path = p.display().to_string();
     let backing = if len == 0 {
         Backing::Bytes(Vec::new())
-    } else if huge_page_weights() {
+    } else if huge_pages {
         read_into_huge_pages(f, len, p)?
     } else {
         // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as

@@ -228,6 +228,10 @@ TEST(Engine, MtpDrafterGreedyEqualsPlain) {
   EXPECT_GT(got.counters.drafted_tokens, 0u);
   plain.set_draft_mtp();
   EXPECT_EQ(s.run(plain, true).tokens, ref.tokens);
+  // weights read into huge pages: the same output
+  eo.params.huge_page_weights = true;
+  specmla::Engine huge(target, std::nullopt, eo);
+  EXPECT_EQ(s.run(huge, true).tokens, ref.tokens);
 }
 
 // A live A/B of two drafters: both arms keep the plain greedy output; the metrics carry both

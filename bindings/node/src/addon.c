@@ -482,6 +482,7 @@ static napi_value js_create(napi_env env, napi_callback_info info) {
     p.kv_offload_mem_bytes = (uint64_t)num_prop(env, argv[2], "kvOffloadMemBytes", 0);
     p.kv_dtype = (uint32_t)num_prop(env, argv[2], "kvDtype", p.kv_dtype);
     p.draft_p_min = (float)num_prop(env, argv[2], "draftPMin", p.draft_p_min);
+    p.huge_page_weights = bool_prop(env, argv[2], "hugePageWeights", p.huge_page_weights);
   }
   char *offload = NULL;
   napi_value ov;

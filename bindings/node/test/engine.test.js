@@ -155,6 +155,10 @@ test('the MTP drafter (the target\'s own MTP layer) gives plain greedy output', 
   const cut = new Engine(target, null, { threads: 2, mtp: true, draftPMin: 0.5 });
   assert.deepEqual((await cut.generate(prompt(), opts(true))).tokens, ref.tokens);
   assert.throws(() => new Engine(target, null, { threads: 2, mtp: true, draftPMin: 1.5 }), (err) => /draft_p_min/.test(err.message));
+  // weights read into huge pages: the same output
+  const huge = new Engine(target, null, { threads: 2, mtp: true, hugePageWeights: true });
+  assert.deepEqual((await huge.generate(prompt(), opts(true))).tokens, ref.tokens);
+  huge.close();
   cut.close();
   e.close();
   plain.close();

@@ -210,6 +210,7 @@ pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
         draft_p_min: a.draft_p_min,
         isa: parse_isa(&a.isa)?,
         device: specmla::backend::Device::parse(&a.device)?,
+        huge_page_weights: a.huge_pages,
         kv_offload: match (&a.kv_offload_dir, a.kv_offload_mem_mb) {
             (None, 0) => None,
             (dir, mb) => Some(specmla::kv::TierConfig {
@@ -328,7 +329,6 @@ pub fn parse_ab(s: &str) -> Result<DraftSource> {
 }
 
 pub fn run(a: GenerateArgs) -> Result<()> {
-    specmla::weights::set_huge_page_weights(a.huge_pages);
     let cfg = engine_config(&a)?;
     let draft = match (&a.draft, a.ngram, a.mtp, &a.ab) {
         (_, _, _, Some(s)) => parse_ab(s)?,

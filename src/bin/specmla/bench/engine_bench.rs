@@ -150,6 +150,7 @@ pub fn run(
         isa: isa_level,
         kv_offload: None,
         device: Default::default(),
+        huge_page_weights: false, // the bench's --huge-pages is process-wide
     };
     let engine = Engine::from_model(Arc::clone(&model), tokenizer, cfg)?;
     let vocab = c.vocab_size;

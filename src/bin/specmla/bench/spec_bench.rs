@@ -392,6 +392,7 @@ fn run_target(
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
         device: Default::default(),
+        huge_page_weights: false, // the bench's --huge-pages is process-wide
     };
     let mut budget_sets: Vec<(String, Vec<Option<usize>>)> =
         vec![("none".into(), vec![None; items.len()])];

@@ -93,6 +93,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path) -> Result<Section> {
         isa: crate::generate::parse_isa(&a.isa)?,
         kv_offload: None,
         device: Default::default(),
+        huge_page_weights: false, // the bench's --huge-pages is process-wide
     };
     let src = || DraftSource::Dir(draft.to_path_buf());
     let engine = Engine::new(target, src(), base.clone())?;
