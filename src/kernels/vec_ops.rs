@@ -168,8 +168,22 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
         gate.len() == up.len() && gate.len() == out.len(),
         "silu_mul: length mismatch"
     );
-    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-        *o = *g / (1.0 + (-*g).exp()) * *u;
+    // Elementwise, so splitting among the pool's workers changes no bit; worth it from a few
+    // tokens of a wide MLP (16 x 12288 exps were ~2 % of a batch-16 step on one core while
+    // the other waited).
+    const CHUNK: usize = 4096;
+    let serial = |out: &mut [f32], gate: &[f32], up: &[f32]| {
+        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = *g / (1.0 + (-*g).exp()) * *u;
+        }
+    };
+    if out.len() >= 2 * CHUNK && super::worth_parallel(8 * out.len()) {
+        use rayon::prelude::*;
+        out.par_chunks_mut(CHUNK)
+            .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
+            .for_each(|(o, (g, u))| serial(o, g, u));
+    } else {
+        serial(out, gate, up);
     }
 }
 

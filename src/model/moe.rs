@@ -29,16 +29,56 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
         }
         return y;
     }
-    let inter = e.gate.rows;
-    let mut g = vec![0f32; n * inter]; // [n, inter]
-    let mut u = vec![0f32; n * inter]; // [n, inter]
-    matmul(&e.gate, x, n, &mut g);
-    matmul(&e.up, x, n, &mut u);
-    let mut act = vec![0f32; n * inter]; // [n, inter]
-    silu_mul(&g, &u, &mut act);
     let mut y = vec![0f32; n * e.down.rows]; // [n, hidden]
-    matmul(&e.down, &act, n, &mut y);
+    let mut run = |s: &mut MlpScratch| {
+        let len = n * e.gate.rows;
+        s.grow(len);
+        let (g, u, act) = (&mut s.g[..len], &mut s.u[..len], &mut s.act[..len]); // [n, inter] each
+        matmul(&e.gate, x, n, g);
+        matmul(&e.up, x, n, u);
+        silu_mul(g, u, act);
+        matmul(&e.down, act, n, &mut y);
+    };
+    if n * e.gate.rows > MLP_SCRATCH_KEEP {
+        // prompt chunks: fresh buffers, so no thread keeps tens of MB after a prefill
+        run(&mut MlpScratch::default());
+        return y;
+    }
+    MLP_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => run(&mut s),
+        // nested on this thread (a rayon task it ran while an outer mlp waits): its own
+        Err(_) => run(&mut MlpScratch::default()),
+    });
     y
+}
+
+/// Largest [n, inter] a thread keeps in its [`MlpScratch`] (floats per buffer: 4 MB): decode
+/// steps and verifications of up to ~64 tokens of a 16K-wide MLP.
+const MLP_SCRATCH_KEEP: usize = 1 << 20;
+
+/// Per-thread intermediates of [`mlp`] ([n, inter] gate, up and activation), kept for the
+/// next call: a wide MLP's are hundreds of KB to tens of MB (16 x 12288 floats at batch 16,
+/// 512 x 12288 per prompt chunk), which fresh vectors got from the OS as zeroed pages every
+/// call (page faults and fills were ~2 % of a batch-16 step). Never read before written.
+#[derive(Default)]
+struct MlpScratch {
+    g: Vec<f32>,
+    u: Vec<f32>,
+    act: Vec<f32>,
+}
+
+impl MlpScratch {
+    fn grow(&mut self, len: usize) {
+        for v in [&mut self.g, &mut self.u, &mut self.act] {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static MLP_SCRATCH: std::cell::RefCell<MlpScratch> = std::cell::RefCell::new(MlpScratch::default());
 }
 
 /// Expert choice of one token: (expert ids ascending, weights).
