@@ -143,6 +143,12 @@ pub struct BenchArgs {
     /// their ratios (a noisy host changes speed between runs a minute apart; 0 = off).
     #[arg(long, default_value_t = 0)]
     pub paired: usize,
+    /// Speculation bench: R interleaved (plain, spec) runs per row: both engines serve the
+    /// workload at once, their steps alternating, each engine timed over its own steps only,
+    /// so a change of the host's speed (seconds to minutes here) hits both alike; reports the
+    /// median of the R ratios (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub interleaved: usize,
     /// Speculation bench: skip the widened (memory-bound) copy of the target.
     #[arg(long)]
     pub no_wide: bool,

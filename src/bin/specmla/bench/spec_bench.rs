@@ -19,7 +19,9 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use specmla::engine::{DraftSource, Engine, EngineConfig, EngineStats, Prompt, Request};
+use specmla::engine::{
+    DraftSource, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
+};
 use specmla::model::{Ffn, Model};
 use specmla::spec::SpecMode;
 use specmla::tokenizer::Tokenizer;
@@ -194,13 +196,34 @@ fn run_once(
     budgets: &[Option<usize>],
     max_tokens: usize,
 ) -> Result<Run> {
+    let engine = bench_engine(target, draft, base, spec, batch)?;
+    let t = Instant::now();
+    let res = super::run_to_completion(&engine, requests(items, budgets, max_tokens))?;
+    let wall_s = t.elapsed().as_secs_f64();
+    Ok(Run {
+        tokens: res.tokens,
+        wall_s,
+        stats: engine.stats(),
+    })
+}
+
+fn bench_engine(
+    target: &Path,
+    draft: DraftSource,
+    base: &EngineConfig,
+    spec: SpecMode,
+    batch: usize,
+) -> Result<Engine> {
     let cfg = EngineConfig {
         spec,
         max_running: batch,
         ..base.clone()
     };
-    let engine = Engine::new(target, draft, cfg)?;
-    let reqs: Vec<Request> = items
+    Engine::new(target, draft, cfg)
+}
+
+fn requests(items: &[WorkItem], budgets: &[Option<usize>], max_tokens: usize) -> Vec<Request> {
+    items
         .iter()
         .zip(budgets)
         .map(|(it, b)| {
@@ -208,15 +231,76 @@ fn run_once(
             r.reasoning_budget = *b;
             r
         })
-        .collect();
-    let t = Instant::now();
-    let res = super::run_to_completion(&engine, reqs)?;
-    let wall_s = t.elapsed().as_secs_f64();
-    Ok(Run {
-        tokens: res.tokens,
-        wall_s,
-        stats: engine.stats(),
-    })
+        .collect()
+}
+
+/// The workload on a plain engine and a speculative one at once (`--interleaved`): their steps
+/// alternate, each engine's wall time is the sum of its own steps, so both runs see the same
+/// host phases. Returns (plain, spec).
+#[allow(clippy::too_many_arguments)]
+fn run_interleaved(
+    target: &Path,
+    draft: DraftSource,
+    base: &EngineConfig,
+    spec: SpecMode,
+    batch: usize,
+    items: &[WorkItem],
+    budgets: &[Option<usize>],
+    max_tokens: usize,
+) -> Result<(Run, Run)> {
+    let engines = [
+        bench_engine(target, DraftSource::None, base, SpecMode::Fixed(0), batch)?,
+        bench_engine(target, draft, base, spec, batch)?,
+    ];
+    let mut ids: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for (e, ids) in engines.iter().zip(ids.iter_mut()) {
+        for r in requests(items, budgets, max_tokens) {
+            ids.push(e.submit(r)?);
+        }
+    }
+    let mut tokens: [Vec<Vec<u32>>; 2] =
+        [vec![Vec::new(); items.len()], vec![Vec::new(); items.len()]];
+    let mut open = [items.len(); 2];
+    let mut wall = [0.0f64; 2];
+    while open.iter().any(|&n| n > 0) {
+        for j in 0..2 {
+            if open[j] == 0 {
+                continue;
+            }
+            let t = Instant::now();
+            let events = engines[j].step()?;
+            wall[j] += t.elapsed().as_secs_f64();
+            for ev in events {
+                let Some(i) = ids[j].iter().position(|&x| x == ev.id) else {
+                    continue;
+                };
+                tokens[j][i].extend_from_slice(&ev.tokens);
+                if let Some(f) = ev.finish {
+                    if let FinishReason::Error(m) = f {
+                        return Err(Error::Engine(format!(
+                            "bench request {} failed: {m}",
+                            ev.id
+                        )));
+                    }
+                    open[j] -= 1;
+                }
+            }
+        }
+    }
+    let [tp, ts] = tokens;
+    let [ep, es] = engines;
+    Ok((
+        Run {
+            tokens: tp,
+            wall_s: wall[0],
+            stats: ep.stats(),
+        },
+        Run {
+            tokens: ts,
+            wall_s: wall[1],
+            stats: es.stats(),
+        },
+    ))
 }
 
 /// A drafter of the matrix.
@@ -510,6 +594,34 @@ fn run_target(
                         paired.push(q.tps() / p.tps());
                         plain_seen.push(p.tps());
                     }
+                    // --interleaved R: R runs with the plain and the speculative engine
+                    // stepping in turn (each timed over its own steps)
+                    let mut interleaved = Vec::new();
+                    let mut interleaved_runs = Vec::new();
+                    let mut interleaved_decode = Vec::new();
+                    for _ in 0..a.interleaved {
+                        let (p, q) = run_interleaved(
+                            target,
+                            d.src.clone(),
+                            &base,
+                            mode,
+                            b,
+                            &items,
+                            budgets,
+                            a.max_tokens,
+                        )?;
+                        all_identical &= q.tokens == plain.tokens && p.tokens == plain.tokens;
+                        interleaved.push(q.tps() / p.tps());
+                        interleaved_decode.push(q.decode_tps() / p.decode_tps());
+                        interleaved_runs.push(json!({
+                            "plain_s": p.wall_s, "spec_s": q.wall_s,
+                            "plain_steps": p.stats.steps, "spec_steps": q.stats.steps,
+                            "drafted_tokens": q.stats.totals.drafted_tokens,
+                            "accepted_tokens": q.stats.totals.accepted_tokens,
+                        }));
+                    }
+                    let interleaved_median =
+                        (!interleaved.is_empty()).then(|| super::percentile(&interleaved, 50.0));
                     let (slowest, fastest) = super::min_max(&plain_seen);
                     let plain_aa = slowest / fastest.max(1e-12);
                     let paired_median =
@@ -598,6 +710,14 @@ fn run_target(
                             }
                             None => "-".into(),
                         },
+                        match interleaved_median {
+                            Some(m) => {
+                                let (lo, hi) = super::min_max(&interleaved);
+                                let dm = super::percentile(&interleaved_decode, 50.0);
+                                format!("{m:.2}x ({lo:.2}-{hi:.2}), decode {dm:.2}x")
+                            }
+                            None => "-".into(),
+                        },
                         format!("{plain_aa:.2}"),
                     ]);
                     runs_json.push(json!({
@@ -619,6 +739,9 @@ fn run_target(
                         "plain_target_step_ms": target_ms, "steps": spec.stats.steps,
                         "counters": spec.stats.totals,
                         "paired_speedups": paired, "paired_speedup_median": paired_median,
+                        "interleaved_speedups": interleaved, "interleaved_speedup_median": interleaved_median,
+                        "interleaved_runs": interleaved_runs,
+                        "interleaved_decode_speedups": interleaved_decode,
                     }));
                 }
             }
@@ -658,6 +781,7 @@ fn run_target(
             "draft ms/tok / step ms",
             "identical",
             "paired speedup",
+            "interleaved speedup",
             "plain A/A",
         ],
         &rows,
@@ -675,6 +799,12 @@ fn run_target(
         text += &format!(
             "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
             a.paired
+        );
+    }
+    if a.interleaved > 0 {
+        text += &format!(
+            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out).\n",
+            a.interleaved
         );
     }
     text += "plain A/A = the row's slowest plain run over its fastest (the same work): the host's run-to-run noise;\n  a speedup closer to 1 than that is not resolved by these runs.\n";
