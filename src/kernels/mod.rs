@@ -24,6 +24,7 @@ mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod bandwidth;
+mod exp;
 mod gemm;
 mod isa;
 mod lanes;

@@ -131,15 +131,14 @@ fn max_of(x: &[f32]) -> f32 {
     x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
-/// In-place numerically stable softmax: exp(x - max) / sum, the sum in the fixed lane order.
+/// In-place numerically stable softmax: exp(x - max) / sum, the sum in the fixed lane order;
+/// exp is `exp::exp_f32` (the same bits on every ISA level, vectorised where it has lanes).
 pub fn softmax_inplace(x: &mut [f32]) {
     if x.is_empty() {
         return;
     }
     let m = max_of(x);
-    for v in x.iter_mut() {
-        *v = (*v - m).exp();
-    }
+    super::exp::exp_shifted_with(Isa::current(), x, m);
     let sum = lanes::sum_lanes(x);
     for v in x.iter_mut() {
         *v /= sum;
@@ -162,7 +161,8 @@ pub fn log_softmax(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+/// out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) with `exp::exp_f32` (the same
+/// bits on every ISA level; vectorised where the level has lanes).
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(
         gate.len() == up.len() && gate.len() == out.len(),
@@ -172,10 +172,9 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     // tokens of a wide MLP (16 x 12288 exps were ~2 % of a batch-16 step on one core while
     // the other waited).
     const CHUNK: usize = 4096;
+    let isa = Isa::current();
     let serial = |out: &mut [f32], gate: &[f32], up: &[f32]| {
-        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-            *o = *g / (1.0 + (-*g).exp()) * *u;
-        }
+        super::exp::silu_mul_with(isa, gate, up, out);
     };
     if out.len() >= 2 * CHUNK && super::worth_parallel(8 * out.len()) {
         use rayon::prelude::*;
