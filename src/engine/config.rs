@@ -68,6 +68,14 @@ pub struct EngineConfig {
     pub huge_page_weights: bool,
 }
 
+impl EngineConfig {
+    /// Whether this engine reads its weight files into huge pages: its own
+    /// `huge_page_weights`, or the process-wide default (`weights::set_huge_page_weights`).
+    pub(crate) fn loads_huge_pages(&self) -> bool {
+        self.huge_page_weights || crate::weights::huge_page_weights()
+    }
+}
+
 /// Default confidence cut of the model drafters (`EngineConfig::draft_p_min`), llama.cpp's
 /// `--draft-p-min` default. On the widened target at batch 1 (docs/BENCHMARKS.md, "Drafters'
 /// confidence cut") it kept fixed-k speculation from collapsing with a weak drafter (the MTP

@@ -115,7 +115,7 @@ impl Engine {
 
     fn load(target_dir: &Path, draft: DraftSource, cfg: EngineConfig) -> Result<Engine> {
         let pool = build_pool(cfg.threads, cfg.isa)?;
-        let huge = cfg.huge_page_weights || crate::weights::huge_page_weights();
+        let huge = cfg.loads_huge_pages();
         let model = Arc::new(pool.install(|| Model::load_dir_with(target_dir, huge))?);
         let tokenizer = Tokenizer::from_model_dir(target_dir)?.map(Arc::new);
         let mut eng = Engine::from_parts(model, tokenizer, None, cfg, pool)?;
@@ -644,7 +644,7 @@ impl Engine {
             target: self.shared.target.clone(),
             device: self.cfg.device,
             kv_offload: self.cfg.kv_offload.clone(),
-            huge_page_weights: self.cfg.huge_page_weights || crate::weights::huge_page_weights(),
+            huge_page_weights: self.cfg.loads_huge_pages(),
         }
     }
 

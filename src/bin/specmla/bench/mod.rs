@@ -38,7 +38,7 @@ use std::time::Instant;
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use specmla::engine::{Engine, FinishReason, Request};
+use specmla::engine::{Engine, Event, FinishReason, Request};
 use specmla::kv::KvDtype;
 use specmla::{Error, Result};
 
@@ -324,18 +324,51 @@ pub struct RunResult {
 /// Submit every request, step until all finish; a request failing is an error.
 pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResult> {
     let t0 = Instant::now();
-    let mut ids = Vec::with_capacity(reqs.len());
-    for r in reqs {
-        ids.push(engine.submit(r)?);
+    let mut run = Submitted::new(engine, reqs)?;
+    while !run.done() {
+        run.absorb(engine.step()?)?;
     }
-    let mut tokens: Vec<Vec<u32>> = vec![Vec::new(); ids.len()];
-    let mut open = ids.len();
-    while open > 0 {
-        for ev in engine.step()? {
-            let Some(i) = ids.iter().position(|&x| x == ev.id) else {
+    Ok(RunResult {
+        tokens: run.tokens,
+        wall_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Requests submitted to one engine and what their steps committed so far (the drivers of
+/// `run_to_completion` and the spec bench's interleaved runs).
+pub struct Submitted {
+    ids: Vec<u64>,
+    /// Per request, in submission order: committed token ids.
+    pub tokens: Vec<Vec<u32>>,
+    open: usize,
+}
+
+impl Submitted {
+    pub fn new(engine: &Engine, reqs: Vec<Request>) -> Result<Self> {
+        let mut ids = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            ids.push(engine.submit(r)?);
+        }
+        let n = ids.len();
+        Ok(Submitted {
+            ids,
+            tokens: vec![Vec::new(); n],
+            open: n,
+        })
+    }
+
+    /// Whether every request has finished.
+    pub fn done(&self) -> bool {
+        self.open == 0
+    }
+
+    /// Take one step's events; a request that failed is an error.
+    pub fn absorb(&mut self, events: Vec<Event>) -> Result<()> {
+        for ev in events {
+            let Some(i) = self.ids.iter().position(|&x| x == ev.id) else {
                 continue;
             };
-            tokens[i].extend_from_slice(&ev.tokens);
+            self.tokens[i].extend_from_slice(&ev.tokens);
             if let Some(f) = ev.finish {
                 if let FinishReason::Error(m) = f {
                     return Err(Error::Engine(format!(
@@ -343,14 +376,11 @@ pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResul
                         ev.id
                     )));
                 }
-                open -= 1;
+                self.open -= 1;
             }
         }
+        Ok(())
     }
-    Ok(RunResult {
-        tokens,
-        wall_s: t0.elapsed().as_secs_f64(),
-    })
 }
 
 /// Deterministic random token ids in [lo, vocab).

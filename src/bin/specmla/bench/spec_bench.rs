@@ -19,9 +19,7 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use specmla::engine::{
-    DraftSource, Engine, EngineConfig, EngineStats, FinishReason, Prompt, Request,
-};
+use specmla::engine::{DraftSource, Engine, EngineConfig, EngineStats, Prompt, Request};
 use specmla::model::{Ffn, Model};
 use specmla::spec::SpecMode;
 use specmla::tokenizer::Tokenizer;
@@ -252,42 +250,23 @@ fn run_interleaved(
         bench_engine(target, DraftSource::None, base, SpecMode::Fixed(0), batch)?,
         bench_engine(target, draft, base, spec, batch)?,
     ];
-    let mut ids: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
-    for (e, ids) in engines.iter().zip(ids.iter_mut()) {
-        for r in requests(items, budgets, max_tokens) {
-            ids.push(e.submit(r)?);
-        }
-    }
-    let mut tokens: [Vec<Vec<u32>>; 2] =
-        [vec![Vec::new(); items.len()], vec![Vec::new(); items.len()]];
-    let mut open = [items.len(); 2];
+    let mut runs = [
+        super::Submitted::new(&engines[0], requests(items, budgets, max_tokens))?,
+        super::Submitted::new(&engines[1], requests(items, budgets, max_tokens))?,
+    ];
     let mut wall = [0.0f64; 2];
-    while open.iter().any(|&n| n > 0) {
-        for j in 0..2 {
-            if open[j] == 0 {
+    while runs.iter().any(|r| !r.done()) {
+        for (j, (e, run)) in engines.iter().zip(runs.iter_mut()).enumerate() {
+            if run.done() {
                 continue;
             }
             let t = Instant::now();
-            let events = engines[j].step()?;
+            let events = e.step()?;
             wall[j] += t.elapsed().as_secs_f64();
-            for ev in events {
-                let Some(i) = ids[j].iter().position(|&x| x == ev.id) else {
-                    continue;
-                };
-                tokens[j][i].extend_from_slice(&ev.tokens);
-                if let Some(f) = ev.finish {
-                    if let FinishReason::Error(m) = f {
-                        return Err(Error::Engine(format!(
-                            "bench request {} failed: {m}",
-                            ev.id
-                        )));
-                    }
-                    open[j] -= 1;
-                }
-            }
+            run.absorb(events)?;
         }
     }
-    let [tp, ts] = tokens;
+    let [tp, ts] = runs.map(|r| r.tokens);
     let [ep, es] = engines;
     Ok((
         Run {
