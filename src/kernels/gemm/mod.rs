@@ -288,16 +288,14 @@ fn matmul_in(
     });
 }
 
-/// Per-thread buffers of one matmul call (packed activations, the transposed output), kept for
-/// the next call on the thread: a multi-token matmul otherwise allocates and frees them every
-/// call, and large ones come back from the OS as fresh zeroed pages each time (page faults were
-/// ~4 % of a speculative-decode profile). Contents never carry over: each call packs what it
-/// reads and writes every output element.
+/// Per-thread buffers of one matmul call (packed activations), kept for the next call on the
+/// thread: a multi-token matmul otherwise allocates and frees them every call, and large ones
+/// come back from the OS as fresh zeroed pages each time (page faults were ~4 % of a
+/// speculative-decode profile). Contents never carry over: each call packs what it reads.
 #[derive(Default)]
 struct CallBufs {
     x: AlignedBuf,
     b: AlignedBuf,
-    yt: Vec<f32>,
 }
 
 thread_local! {
@@ -341,24 +339,7 @@ fn matmul_call(
     if n == 1 {
         job.run(y, parallel);
     } else {
-        // The blocks write a transposed buffer, scattered into y afterwards. Every element is
-        // written before it is read, so the buffer is only grown, never cleared (a fill per
-        // call was ~2 % of a long prompt's prefill).
-        if bufs.yt.len() < rows * n {
-            bufs.yt.resize(rows * n, 0.0);
-        }
-        let yt = &mut bufs.yt[..rows * n]; // [rows, n_tokens]
-        job.run(yt, parallel);
-        // Transpose in bands of 16 rows so the writes into y stay in a few cache lines.
-        const BAND: usize = 16;
-        for r0 in (0..rows).step_by(BAND) {
-            let r1 = (r0 + BAND).min(rows);
-            for (t, yrow) in y.chunks_exact_mut(rows).enumerate() {
-                for (r, o) in yrow[r0..r1].iter_mut().enumerate() {
-                    *o = yt[(r0 + r) * n + t];
-                }
-            }
-        }
+        job.run_token_major(y, parallel);
     }
 }
 
@@ -397,6 +378,56 @@ struct Scratch {
     deq: Vec<f32>,     // [block rows, cols] dequantised fp8 (block_cols not a multiple of 8)
 }
 
+/// The output y: [n, rows] of a multi-token call, shared by its row-block tasks; each task
+/// writes only its own columns [r0, r0 + block rows) of every token row.
+struct TokenMajor {
+    ptr: *mut f32,
+    rows: usize,
+    n: usize,
+}
+
+// SAFETY: the tasks that share a TokenMajor write disjoint column ranges (their row blocks) and
+// nothing reads y until the parallel region has ended (`Job::run_token_major`).
+unsafe impl Send for TokenMajor {}
+unsafe impl Sync for TokenMajor {}
+
+impl TokenMajor {
+    /// Columns [r0, r0 + nr) of every token row from `blk`: [nr, n] (a row block's output).
+    ///
+    /// # Safety
+    /// `r0 + nr <= rows`, `blk.len() == nr * n`, and no other thread touches these columns.
+    unsafe fn write_block(&self, r0: usize, nr: usize, blk: &[f32]) {
+        debug_assert!(r0 + nr <= self.rows && blk.len() == nr * self.n);
+        // 16 x 16 squares: 16 lines of blk read and 16 lines of y written per square, so the
+        // power-of-two strides of both (n and rows floats) cannot evict the lines mid-square.
+        const SQ: usize = 16;
+        let n = self.n;
+        for i0 in (0..nr).step_by(SQ) {
+            let i1 = (i0 + SQ).min(nr);
+            for t0 in (0..n).step_by(SQ) {
+                for t in t0..(t0 + SQ).min(n) {
+                    // SAFETY: in bounds by the caller's contract; columns owned by this block.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            self.ptr.add(t * self.rows + r0 + i0),
+                            i1 - i0,
+                        )
+                    };
+                    for (k, d) in dst.iter_mut().enumerate() {
+                        *d = blk[(i0 + k) * n + t];
+                    }
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// One row block's output of a multi-token call ([block rows, n]), reused by the next block
+    /// this thread runs: grown, never cleared (every element is written before it is read).
+    static BLOCK_OUT: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// One matmul call, shared by all its row blocks.
 #[derive(Clone, Copy)]
 struct Job<'a> {
@@ -428,6 +459,50 @@ impl Job<'_> {
             let mut s = Scratch::default();
             for (bi, o) in out.chunks_mut(rb * self.n).enumerate() {
                 self.row_block(bi * rb, o, &mut s);
+            }
+        }
+    }
+
+    /// All row blocks into the token-major `y`: [n, rows] (n > 1): each block is computed into
+    /// the task's scratch ([block rows, n], the order the tiles produce) and written into its
+    /// columns of y by the task itself while it is still in cache — no serial transposition of
+    /// the whole product after the parallel region (it was ~6 % of a 2048-token prefill).
+    fn run_token_major(&self, y: &mut [f32], parallel: bool) {
+        let (rb, n, rows) = (self.rb, self.n, self.rows_total);
+        assert_eq!(y.len(), n * rows, "matmul: y is not [n_tokens, rows]");
+        let out = TokenMajor {
+            ptr: y.as_mut_ptr(),
+            rows,
+            n,
+        };
+        let block = |bi: usize, s: &mut Scratch| {
+            let r0 = bi * rb;
+            let nr = rb.min(rows - r0);
+            let mut run = |blk: &mut Vec<f32>| {
+                if blk.len() < nr * n {
+                    blk.resize(nr * n, 0.0);
+                }
+                // blk: [nr, n]
+                self.row_block(r0, &mut blk[..nr * n], s);
+                // SAFETY: r0 + nr <= rows; block bi alone owns columns [r0, r0 + nr); y is not
+                // read before every block is done.
+                unsafe { out.write_block(r0, nr, &blk[..nr * n]) };
+            };
+            BLOCK_OUT.with(|cell| match cell.try_borrow_mut() {
+                Ok(mut blk) => run(&mut blk),
+                // A nested call on this thread (see matmul_in): a buffer of its own.
+                Err(_) => run(&mut Vec::new()),
+            });
+        };
+        let blocks = rows.div_ceil(rb);
+        if parallel {
+            (0..blocks)
+                .into_par_iter()
+                .for_each_init(Scratch::default, |s, bi| block(bi, s));
+        } else {
+            let mut s = Scratch::default();
+            for bi in 0..blocks {
+                block(bi, &mut s);
             }
         }
     }
