@@ -14,7 +14,9 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
-use crate::spec::policy::{Lengths, LinearCost};
+use crate::spec::policy::{
+    learn_acceptance, next_explore_period, Lengths, LinearCost, TargetCost, EXPLORE_EVERY,
+};
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
 };
@@ -39,13 +41,19 @@ pub(crate) struct Core {
     pub running: Vec<ReqState>,
     pub proposer: Option<Box<dyn Proposer>>,
     pub draft_generation: u64,
-    pub target_cost: LinearCost,
+    pub target_cost: TargetCost,
     pub draft_cost: LinearCost,
     /// Measured drafter catch-up seconds per position (rounds in which requests started
     /// drafting after a lag): what starting a request costs the adaptive policy.
     pub catch_up_s_per_row: Option<f64>,
     /// Whether the last step had drafts (the uninformed policy's explorer, see `schedule`).
     pub drafted_last_step: bool,
+    /// The informed policy's re-exploration (`schedule`): decode-only steps in a row in which
+    /// nobody drafted, and how many such steps end in one exploring request.
+    pub idle_draft_steps: u64,
+    pub explore_period: u64,
+    /// Whether this step's drafts are only the explorer's.
+    pub exploring: bool,
     /// This step's drafter catch-up, priced when the step ends: (positions caught up on,
     /// drafter seconds).
     pub catch_up_round: Option<(usize, f64)>,
@@ -62,9 +70,15 @@ pub(crate) struct Core {
     pub decode: DecodeSteps,
     /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
     pub drafter_alpha: f64,
+    /// Verifications of the current drafter's drafts (any request) since it was installed:
+    /// how much of `drafter_alpha` is evidence rather than prior (`schedule`'s ramp).
+    pub drafter_obs: u64,
     /// Engine-wide conditional acceptance of the current drafter per draft position (position
     /// j + 1 accepted given j were): what the adaptive policy's E(k) multiplies.
     pub pos_alpha: Vec<f64>,
+    /// Observations behind `drafter_alpha` and each `pos_alpha` (`policy::learn_acceptance`).
+    pub alpha_obs: u32,
+    pub pos_obs: Vec<u32>,
     /// Adaptive mode: measured drafting vs plain rates; drafting off while it loses.
     pub guard: SpecGuard,
     pub admitted: u64,
@@ -97,7 +111,12 @@ impl Core {
         self.draft_generation += 1;
         self.drafter_disabled = None;
         self.drafter_alpha = DRAFTER_ALPHA_PRIOR;
+        self.drafter_obs = 0;
+        self.idle_draft_steps = 0;
+        self.explore_period = EXPLORE_EVERY;
         self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
+        self.alpha_obs = 0;
+        self.pos_obs.fill(0);
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
         self.guard = Default::default();
@@ -172,6 +191,12 @@ impl Core {
             if adaptive {
                 self.guard
                     .observe(drafted, steady && informed, committed, secs);
+                if !drafted {
+                    self.idle_draft_steps += 1;
+                } else {
+                    self.idle_draft_steps = 0;
+                    self.explore_period = next_explore_period(self.explore_period, self.exploring);
+                }
             }
         }
         if let Some((rows, draft_secs)) = self.catch_up_round.take() {
@@ -180,7 +205,7 @@ impl Core {
             // The drafter's time alone leaves out the verification of the drafts, which at batch
             // 16 on the widened MoE target costs about what a decoded token does.
             let secs = t_step.elapsed().as_secs_f64();
-            let plain = match self.target_cost.predict(plan.len()) {
+            let plain = match self.target_cost.plain_at(plan.len()) {
                 Some(p) if decode_only => p,
                 _ => secs,
             };
@@ -363,7 +388,7 @@ impl Core {
         // chunk's per-token cost says nothing about what a few more verified tokens cost.
         if plan.iter().all(|p| p.decode) {
             self.target_cost
-                .observe(inputs.iter().map(Vec::len).sum(), secs);
+                .observe(plan.len(), inputs.iter().map(Vec::len).sum(), secs);
         }
         Ok(out)
     }
@@ -521,11 +546,12 @@ impl Core {
                     0.85 * r.alpha + 0.15 * obs
                 };
                 r.alpha_obs += 1;
-                self.drafter_alpha = 0.95 * self.drafter_alpha + 0.05 * obs;
+                learn_acceptance(&mut self.drafter_alpha, &mut self.alpha_obs, obs);
+                self.drafter_obs += 1;
                 // positions 1..=accepted succeeded, the next one (if drafted) failed
                 for j in 0..n_model.min(model_accepted + 1).min(self.pos_alpha.len()) {
                     let hit = if j < model_accepted { 1.0 } else { 0.0 };
-                    self.pos_alpha[j] = 0.95 * self.pos_alpha[j] + 0.05 * hit;
+                    learn_acceptance(&mut self.pos_alpha[j], &mut self.pos_obs[j], hit);
                 }
             }
             verified.push(Some((accepted, n)));

@@ -6,7 +6,7 @@
 //!
 //! Guarantee: the choice only decides how many tokens are verified, never what is committed.
 
-use crate::spec::policy::{catch_up_pays, choose_k_rates, LinearCost};
+use crate::spec::policy::{catch_up_pays, choose_k_rates, LinearCost, TargetCost};
 use crate::spec::SpecMode;
 
 use super::request::ReqState;
@@ -18,13 +18,15 @@ const OWN_ALPHA_AFTER: u32 = 4;
 /// step and a draft forward, the step's decode batch and the engine's acceptance estimates.
 pub(super) struct DraftContext<'a> {
     pub spec: SpecMode,
-    pub target: &'a LinearCost,
+    pub target: &'a TargetCost,
     pub draft: &'a LinearCost,
     pub n_decode: usize,
     /// The drafter's overall acceptance estimate.
     pub drafter_alpha: f64,
     /// Its conditional acceptance per draft position.
     pub pos_alpha: &'a [f64],
+    /// Adaptive mode: draft at least this many (the informed policy's explorer, 1; else 0).
+    pub min_k: usize,
 }
 
 /// Choose k (model drafts) and the certain forced tokens for a decode request; returns
@@ -42,6 +44,7 @@ pub(super) fn choose_drafts(
         n_decode,
         drafter_alpha,
         pos_alpha,
+        min_k,
     } = *ctx;
     // the engine's per-position profile, scaled by how this request's acceptance compares
     // with the drafter's (once the request has its own estimate)
@@ -54,8 +57,9 @@ pub(super) fn choose_drafts(
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
         SpecMode::Adaptive { k_max } => {
-            let (k, saved) = choose_k_rates(&c, k_max, n_decode, target, draft);
+            let (k, saved) = choose_k_rates(&c, k_max, n_decode, target.price(n_decode), draft);
             match (catch_up, saved) {
+                _ if min_k > k => min_k.min(k_max),
                 (Some((lag, per_row, horizon)), Some(saved))
                     if !catch_up_pays(lag, per_row, saved, horizon) =>
                 {

@@ -10,7 +10,7 @@
 //! cannot get KV for its own next token is preempted (its committed tokens kept, recomputed later
 //! with the same attention paths, so its output is unchanged), never failed.
 
-use crate::spec::policy::{CatchUpBudget, Start};
+use crate::spec::policy::{explore_due, ramp_cap, CatchUpBudget, Start};
 use crate::spec::{SpecMode, StepKind};
 
 use super::core::Core;
@@ -121,16 +121,39 @@ impl Core {
         // free, so the next step drafts nothing and gives the second (a plain step) — at batch
         // 16 on the widened MoE target a verified token costs as much as a decoded one, which
         // the optimistic one-point fit hid until two or three requests had drafted.
+        // Informed, it still lets only 1 + (verifications of this drafter so far) requests
+        // draft in a step until the drafter has `policy::RAMP_OBS` verifications: its
+        // acceptance estimate starts at the 0.7 prior, so on the prior alone a batch of 13
+        // drafted at once (the widened target's n-gram drafter, 20 % accepted: a 25 ms step for
+        // 14 tokens where a plain one takes 17 ms for 13); ramped 1, 2, 4, 8, the same evidence
+        // costs a few tokens, and a drafter that pays reaches the whole batch within four steps.
         let mut explorers = if adaptive && !self.policy_informed() {
             if self.drafted_last_step && !self.target_cost.has_slope() {
                 0
             } else {
                 1
             }
+        } else if adaptive {
+            ramp_cap(self.drafter_obs)
         } else {
             usize::MAX
         };
-        let mut catch_ups = CatchUpBudget::new(self.target_cost.predict(n_decode).unwrap_or(0.0));
+        // Informed and free to draft, the policy may still have priced drafting out on a few
+        // early measurements (on the widened target at batch 1 the MTP layer's first two
+        // 2-token steps ran at 1.4x a plain step, then 1.2x later, but nothing drafted again to
+        // show it): after `explore_period` x (decode requests) decode steps without drafts one
+        // request drafts one token, which re-measures both the cost and the acceptance. The
+        // period grows with the batch: an exploration costs about the same at any batch (the
+        // explorer's drafter catches up on what it skipped, its token is verified), while what
+        // a wrongly idle drafter loses shrinks with it (on the widened target drafting paid
+        // 1.2-1.7x at batch 1, at most 1.05-1.15x at batch 16, where exploring every 16 steps
+        // cost the MTP drafter ~2 %).
+        let mut explore = adaptive
+            && kind == StepKind::Free
+            && self.policy_informed()
+            && explore_due(self.idle_draft_steps, self.explore_period, n_decode);
+        let (mut forced, mut n_drafting) = (false, 0);
+        let mut catch_ups = CatchUpBudget::new(self.target_cost.plain_at(n_decode).unwrap_or(0.0));
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 || (isolating && !plan.is_empty()) {
@@ -169,12 +192,22 @@ impl Core {
                         n_decode,
                         drafter_alpha: self.drafter_alpha,
                         pos_alpha: &self.pos_alpha,
+                        min_k: usize::from(explore),
                     };
-                    choose_drafts(&ctx, r, catch_up)
+                    let d = choose_drafts(&ctx, r, catch_up);
+                    if explore && d.0 + d.1.len() > 0 {
+                        // one explorer per step; the step is an exploration only if the
+                        // policy wanted no drafts of its own
+                        explore = false;
+                        let own = DraftContext { min_k: 0, ..ctx };
+                        forced = choose_drafts(&own, r, catch_up).0 == 0;
+                    }
+                    d
                 } else {
                     (0, Vec::new(), 0)
                 };
                 if k + c.len() > 0 {
+                    n_drafting += 1;
                     if explorers != usize::MAX {
                         explorers -= 1;
                     }
@@ -216,6 +249,7 @@ impl Core {
             });
             i += 1;
         }
+        self.exploring = forced && n_drafting == 1;
         // Admit waiting requests while there is budget and room.
         while budget > 0 && self.running.len() < self.cfg.max_running {
             let next = if isolating {

@@ -61,10 +61,11 @@ pub struct SpecGuard {
     cur: usize,
 }
 
-/// Batch-size classes: 1, 2, 3-4, 5-8, 9-16, 17+ decode requests.
-const CLASSES: usize = 6;
+/// Batch-size classes: 1, 2, 3-4, 5-8, 9-16, 17+ decode requests (also the target cost
+/// model's, `policy::TargetCost`).
+pub(crate) const CLASSES: usize = 6;
 
-fn class_of(n_decode: usize) -> usize {
+pub(crate) fn class_of(n_decode: usize) -> usize {
     (usize::BITS - n_decode.max(1).saturating_sub(1).leading_zeros()).min(CLASSES as u32 - 1)
         as usize
 }

@@ -4,10 +4,14 @@
 //! E(k) / cost(k), with E(k) = 1 + sum_{i<=k} prod_{j<=i} c_j for the conditional acceptance c_j
 //! of draft position j (the engine keeps one estimate per position: an MTP layer chained on its
 //! own output accepts far less at position 2 than at 1, so one per-token rate would overdraft;
-//! for a constant c this is (1 - c^(k+1)) / (1 - c)), and cost(k) = its share of the step's fixed costs plus its marginal costs,
-//! from a linear cost model of the target step (t = base + per_token x tokens) and of one draft
-//! forward (same form), both fitted online from measured step times. k = 0 when speculation
-//! does not pay (large batches, where the fixed costs are shared, or low acceptance).
+//! for a constant c this is (1 - c^(k+1)) / (1 - c)), and cost(k) = the request's share of a
+//! plain step plus k drafted tokens' verification and draft forwards, from the target's cost
+//! model ([`TargetCost`]: a plain step by batch, a drafted token's price by batch class) and a
+//! linear model of one draft forward, all fitted online from measured step times. k = 0 when
+//! speculation does not pay (large batches, where the fixed costs are shared, or low
+//! acceptance). The acceptance estimates learn fast from a prior ([`learn_acceptance`]); the
+//! engine ramps how many requests may draft on little evidence ([`ramp_cap`]) and re-explores
+//! a drafter it stopped using ([`explore_due`]).
 
 /// Online linear model t = base + per_token * n fitted with exponential forgetting.
 #[derive(Clone, Debug)]
@@ -32,7 +36,7 @@ impl Default for LinearCost {
 }
 
 impl LinearCost {
-    const DECAY: f64 = 0.98;
+    pub(crate) const DECAY: f64 = 0.98;
     pub fn observe(&mut self, tokens: usize, seconds: f64) {
         let x = tokens as f64;
         self.n = self.n * Self::DECAY + 1.0;
@@ -74,6 +78,171 @@ impl LinearCost {
     pub fn predict(&self, tokens: usize) -> Option<f64> {
         self.fit().map(|(b, s)| b + s * tokens as f64)
     }
+    /// The weighted mean point (tokens, seconds) of the observations, or None before any.
+    pub fn mean_point(&self) -> Option<(f64, f64)> {
+        (self.n >= 1.0).then(|| (self.sx / self.n, self.sy / self.n))
+    }
+}
+
+/// The target step's cost model, fitted on decode / verification steps: t = plain(b) + d x
+/// per_draft for a step of b decode requests verifying d drafted tokens, with plain(b) a line
+/// over the steps without drafts (x = requests) and per_draft the through-origin slope of the
+/// drafting steps' time beyond plain(b) — both per decode-batch class (the guard's: 1, 2, 3-4,
+/// 5-8, 9-16, 17+ requests; the fit over all classes until a class has its own).
+///
+/// Why not one line in tokens: a drafted token does not cost what a request does, and neither
+/// costs the same at every batch. On the widened MoE target a request added to a batch of 9-16
+/// costs ~0.57 ms, a drafted token there ~1.0-1.2 ms (traced steps of the n-gram drafter at
+/// batch 9: +7 drafts = +7.2-8 ms), and at batch 1 a drafted token ~2 ms (the second token of
+/// a sequence selects new experts); one line over all steps priced drafts at 0.5-0.7 ms and
+/// let the n-gram drafter (20 % accepted) draft at a loss at batch 2-13.
+#[derive(Clone, Debug, Default)]
+pub struct TargetCost {
+    /// Every decode step, x = tokens (whether the policy is informed: two token counts seen).
+    tokens: LinearCost,
+    plain_all: LinearCost,
+    plain: [LinearCost; super::guard::CLASSES],
+    draft_all: DraftPrice,
+    draft: [DraftPrice; super::guard::CLASSES],
+}
+
+/// Through-origin fit of a drafting step's time beyond the plain line: (sum x y, sum x x) with
+/// the same forgetting as [`LinearCost`].
+#[derive(Clone, Copy, Debug, Default)]
+struct DraftPrice {
+    sxy: f64,
+    sxx: f64,
+}
+
+impl DraftPrice {
+    fn observe(&mut self, drafts: usize, extra_secs: f64) {
+        let x = drafts as f64;
+        self.sxy = self.sxy * LinearCost::DECAY + x * extra_secs;
+        self.sxx = self.sxx * LinearCost::DECAY + x * x;
+    }
+    fn per_draft(&self) -> Option<f64> {
+        (self.sxx > 1e-9).then(|| (self.sxy / self.sxx).max(0.0))
+    }
+}
+
+/// What one request's drafts cost in a step of a given batch (see [`TargetCost::price`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepPrice {
+    /// The request's share of a plain step: plain(b) / b.
+    pub share: f64,
+    /// Seconds per drafted token verified.
+    pub per_draft: f64,
+}
+
+impl TargetCost {
+    /// A decode-only step of `requests` decode requests fed `tokens` tokens in `seconds`
+    /// (`tokens - requests` of them drafted).
+    pub fn observe(&mut self, requests: usize, tokens: usize, seconds: f64) {
+        self.tokens.observe(tokens, seconds);
+        let c = super::guard::class_of(requests);
+        let drafts = tokens.saturating_sub(requests);
+        if drafts == 0 {
+            self.plain_all.observe(requests, seconds);
+            self.plain[c].observe(requests, seconds);
+        } else if let Some(p) = self.plain_at(requests) {
+            let extra = seconds - p;
+            self.draft_all.observe(drafts, extra);
+            self.draft[c].observe(drafts, extra);
+        }
+    }
+
+    /// Predicted seconds of a plain step of `requests` decode requests: the class's line, or,
+    /// while its plain steps had one batch size (always so for batches 1 and 2), their mean
+    /// moved along the all-classes slope.
+    pub fn plain_at(&self, requests: usize) -> Option<f64> {
+        let c = &self.plain[super::guard::class_of(requests)];
+        if c.has_slope() {
+            return c.predict(requests);
+        }
+        let Some((mx, my)) = c.mean_point() else {
+            return self.plain_all.predict(requests);
+        };
+        let slope = self.plain_all.fit().map_or(0.0, |f| f.1);
+        Some(my + slope * (requests as f64 - mx))
+    }
+
+    /// The price of drafting in a step of `requests` decode requests: its plain share, and per
+    /// drafted token the class's measured price (all classes' until it has one; the plain
+    /// line's per-request slope before any drafting step was timed). None before any plain
+    /// step was timed.
+    pub fn price(&self, requests: usize) -> Option<StepPrice> {
+        let b = requests.max(1);
+        let plain = self.plain_at(b)?;
+        let per_draft = self.draft[super::guard::class_of(b)]
+            .per_draft()
+            .or(self.draft_all.per_draft())
+            .or_else(|| self.tokens.fit().map(|f| f.1))
+            .unwrap_or(0.0);
+        Some(StepPrice {
+            share: plain / b as f64,
+            per_draft,
+        })
+    }
+
+    /// Whether decode steps of two token counts have been timed (the policy is informed).
+    pub fn has_slope(&self) -> bool {
+        self.tokens.has_slope()
+    }
+}
+
+/// Verifications of a drafter after which the informed adaptive policy lets every request draft
+/// in one step; before that [`ramp_cap`] requests may (see `engine::schedule`).
+pub const RAMP_OBS: u64 = 16;
+
+/// Requests that may draft in one informed step while the drafter has `obs` verifications:
+/// 1 + obs below [`RAMP_OBS`] (1, 2, 4, 8, 16 in consecutive steps where every allowed request
+/// drafts), unbounded after.
+pub fn ramp_cap(obs: u64) -> usize {
+    if obs < RAMP_OBS {
+        1 + obs as usize
+    } else {
+        usize::MAX
+    }
+}
+
+/// The informed policy's periodic explorer: one request drafts one token once `idle_steps`
+/// decode steps in a row had no drafts and `idle_steps >= period x n_decode`; `period` starts
+/// at [`EXPLORE_EVERY`], doubles (up to [`EXPLORE_MAX`]) after each step in which only the
+/// explorer drafted, and returns to [`EXPLORE_EVERY`] after a step in which the policy drafted
+/// of its own accord.
+pub const EXPLORE_EVERY: u64 = 16;
+pub const EXPLORE_MAX: u64 = 128;
+
+/// Whether the periodic explorer drafts this step (see [`EXPLORE_EVERY`]).
+pub fn explore_due(idle_steps: u64, period: u64, n_decode: usize) -> bool {
+    idle_steps >= period.saturating_mul(n_decode.max(1) as u64)
+}
+
+/// The explorer's period after a step with drafts: doubled when only the explorer drafted.
+pub fn next_explore_period(period: u64, only_explorer: bool) -> u64 {
+    if only_explorer {
+        (period * 2).clamp(EXPLORE_EVERY, EXPLORE_MAX)
+    } else {
+        EXPLORE_EVERY
+    }
+}
+
+/// Weight of the acceptance prior, in observations, and the observations an estimate remembers.
+pub const ACCEPT_PRIOR_WEIGHT: f64 = 4.0;
+pub const ACCEPT_MEMORY: u32 = 20;
+
+/// One more acceptance observation `x` (0 or 1 for one draft position, or a fraction) into the
+/// estimate `est` that has `obs` observations so far: the mean of the prior (weight
+/// [`ACCEPT_PRIOR_WEIGHT`]) and the observations while they are few, then an exponential
+/// average over about [`ACCEPT_MEMORY`] of them (weight 1 / 24 per observation). An EMA of
+/// weight 0.05 from the 0.7 prior took ~10 verifications to learn that the n-gram drafter
+/// accepts 20 % on the widened target's workload, while the ramp let up to 11 requests draft at
+/// once; this estimate is at 0.45 after four. A drafter unlucky in its first verifications (the
+/// MTP layer's first two drafts on that workload are rejected) is re-measured by the policy's
+/// periodic explorer (`engine::schedule`).
+pub fn learn_acceptance(est: &mut f64, obs: &mut u32, x: f64) {
+    *obs = (*obs + 1).min(ACCEPT_MEMORY);
+    *est += (x - *est) / (ACCEPT_PRIOR_WEIGHT + f64::from(*obs));
 }
 
 /// Expected committed tokens for k drafts at per-token acceptance a.
@@ -100,7 +269,7 @@ pub fn expected_tokens_at(c: &[f64], k: usize) -> f64 {
 }
 
 /// Choose k in 0..=k_max for one request with one per-token acceptance `a` (every position).
-/// `batch`: requests in the step; `target`/`draft`: fitted costs.
+/// `batch`: requests in the step; `target`/`draft`: fitted costs (target: one line in tokens).
 pub fn choose_k(
     a: f64,
     k_max: usize,
@@ -119,19 +288,23 @@ pub fn choose_k_at(
     target: &LinearCost,
     draft: &LinearCost,
 ) -> usize {
-    choose_k_rates(c, k_max, batch, target, draft).0
+    let price = target.fit().map(|(tb, tt)| StepPrice {
+        share: tb / batch.max(1) as f64 + tt,
+        per_draft: tt,
+    });
+    choose_k_rates(c, k_max, batch, price, draft).0
 }
 
-/// [`choose_k_at`] and the predicted seconds per committed token it saves against k = 0 (None
-/// before the target cost has a fit).
+/// [`choose_k_at`] for a step priced by [`TargetCost::price`], and the predicted seconds per
+/// committed token it saves against k = 0 (None before the target cost has a price).
 pub fn choose_k_rates(
     c: &[f64],
     k_max: usize,
     batch: usize,
-    target: &LinearCost,
+    price: Option<StepPrice>,
     draft: &LinearCost,
 ) -> (usize, Option<f64>) {
-    let Some((tb, tt)) = target.fit() else {
+    let Some(StepPrice { share, per_draft }) = price else {
         return (k_max, None); // no measurements yet: explore
     };
     // A drafter without a model (n-gram) is never timed: it costs nothing.
@@ -140,8 +313,12 @@ pub fn choose_k_rates(
     let mut best = (0usize, 0.0f64);
     let mut plain = 0.0;
     for k in 0..=k_max {
-        let cost =
-            tb / b + tt * (k as f64 + 1.0) + if k > 0 { k as f64 * (db / b + dt) } else { 0.0 };
+        let cost = share
+            + if k > 0 {
+                k as f64 * (per_draft + db / b + dt)
+            } else {
+                0.0
+            };
         let rate = expected_tokens_at(c, k) / cost.max(1e-12);
         if k == 0 {
             plain = rate;
@@ -316,6 +493,85 @@ mod tests {
         c
     }
 
+    /// Plain steps price a request's share per batch class; drafting steps price a drafted
+    /// token beyond the plain line, per class: a small batch whose drafts are dear is not
+    /// priced by a large one's cheap requests.
+    #[test]
+    fn target_cost_prices_requests_and_drafts_per_class() {
+        let mut t = TargetCost::default();
+        assert_eq!(t.price(16), None);
+        // batches 9-16: 10 ms + 0.5 ms per request without drafts, + 1 ms per drafted token
+        for b in [16, 13, 10, 9, 16, 12] {
+            t.observe(b, b, 0.010 + 0.0005 * b as f64);
+        }
+        t.observe(9, 9 + 7, 0.010 + 0.0005 * 9.0 + 0.007);
+        let p = t.price(16).unwrap();
+        assert!((p.share - (0.010 / 16.0 + 0.0005)).abs() < 1e-9, "{p:?}");
+        assert!((p.per_draft - 0.001).abs() < 1e-9, "{p:?}");
+        assert!(t.has_slope());
+        // batch 1: its own plain steps, drafts at all classes' 1 ms until it drafts itself
+        t.observe(1, 1, 0.0065);
+        t.observe(1, 1, 0.0065);
+        let p1 = t.price(1).unwrap();
+        assert!((p1.share - 0.0065).abs() < 1e-9 && (p1.per_draft - 0.001).abs() < 1e-9);
+        // a 2-token verification at batch 1 costs 2 ms more: its own price
+        t.observe(1, 2, 0.0085);
+        let p1 = t.price(1).unwrap();
+        assert!((p1.per_draft - 0.002).abs() < 1e-9, "{p1:?}");
+        // so one draft at 25 % acceptance pays at neither batch (break-even 31 % at batch 1),
+        // at 95 % at both, at 40 % at batch 1 only (break-even 89 % at batch 16)
+        let free = LinearCost::default();
+        let p16 = t.price(16);
+        for (a, at1, at16) in [(0.25, 0, 0), (0.4, 1, 0), (0.95, 1, 1)] {
+            assert_eq!(
+                choose_k_rates(&[a], 1, 1, Some(p1), &free).0,
+                at1,
+                "{a} at 1"
+            );
+            assert_eq!(choose_k_rates(&[a], 1, 16, p16, &free).0, at16, "{a} at 16");
+        }
+    }
+
+    #[test]
+    fn ramp_and_explorer_schedule() {
+        assert_eq!(ramp_cap(0), 1);
+        assert_eq!(ramp_cap(1), 2);
+        assert_eq!(ramp_cap(RAMP_OBS - 1), RAMP_OBS as usize);
+        assert_eq!(ramp_cap(RAMP_OBS), usize::MAX);
+        // the explorer waits period x batch idle steps
+        assert!(!explore_due(15, EXPLORE_EVERY, 1));
+        assert!(explore_due(16, EXPLORE_EVERY, 1));
+        assert!(!explore_due(16, EXPLORE_EVERY, 4));
+        assert!(explore_due(64, EXPLORE_EVERY, 4));
+        // doubling while only the explorer drafts, back to the start when the policy drafts
+        let mut p = EXPLORE_EVERY;
+        for want in [32, 64, 128, 128] {
+            p = next_explore_period(p, true);
+            assert_eq!(p, want);
+        }
+        assert_eq!(next_explore_period(p, false), EXPLORE_EVERY);
+    }
+
+    /// The prior counts as four observations; later ones enter with weight 1 / 24.
+    #[test]
+    fn acceptance_learns_fast_then_averages() {
+        let (mut a, mut n) = (0.7, 0);
+        for _ in 0..4 {
+            learn_acceptance(&mut a, &mut n, 0.2);
+        }
+        assert!(
+            (a - 0.45).abs() < 1e-12,
+            "mean of prior x4 and four 0.2s: {a}"
+        );
+        for _ in 0..300 {
+            learn_acceptance(&mut a, &mut n, 0.2);
+        }
+        assert_eq!(n, ACCEPT_MEMORY);
+        assert!((a - 0.2).abs() < 1e-3);
+        learn_acceptance(&mut a, &mut n, 1.0);
+        assert!((a - (0.2 + 0.8 / 24.0)).abs() < 1e-3);
+    }
+
     #[test]
     fn fit_recovers_a_line() {
         let (b, s) = model(0.01, 0.001).fit().unwrap();
@@ -395,7 +651,13 @@ mod tests {
     fn catch_up_is_amortised() {
         let target = model(0.010, 0.0002);
         let draft = model(0.001, 0.0001);
-        let (k, saved) = choose_k_rates(&[0.9], 8, 1, &target, &draft);
+        let price = |t: &LinearCost| {
+            t.fit().map(|(tb, tt)| StepPrice {
+                share: tb + tt,
+                per_draft: tt,
+            })
+        };
+        let (k, saved) = choose_k_rates(&[0.9], 8, 1, price(&target), &draft);
         let saved = saved.unwrap();
         assert!(k >= 3 && saved > 0.0);
         // a short context pays back quickly; a long one does not in 32 tokens, but does later
@@ -415,7 +677,7 @@ mod tests {
             fresh.horizon(10_000, 200_000)
         ));
         // nothing saved (k = 0 is best): never worth a catch-up
-        let (k0, s0) = choose_k_rates(&[0.0], 8, 1, &target, &draft);
+        let (k0, s0) = choose_k_rates(&[0.0], 8, 1, price(&target), &draft);
         assert_eq!((k0, s0), (0, Some(0.0)));
         assert!(!catch_up_pays(10, 1e-4, 0.0, 100));
     }
