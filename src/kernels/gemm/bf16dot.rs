@@ -243,7 +243,7 @@ unsafe fn hsum16(v: __m512) -> f32 {
 }
 
 /// One register tile: rows `w + i * ws` (i < R) times tokens `x + j * xs` (j < T), all
-/// `nk` chunks, into `out[i * on + j]`. With `pf_rows` > 0, also prefetches that many rows
+/// `nk` chunks, into `out[i * rs + j * ts]`. With `pf_rows` > 0, also prefetches that many rows
 /// from `pf` at the same columns (the next row tile, streamed while this one is read).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
@@ -255,7 +255,7 @@ unsafe fn tile<const R: usize, const T: usize>(
     xs: usize,
     nk: usize,
     out: *mut f32,
-    on: usize,
+    (rs, ts): (usize, usize),
     pf: *const u16,
     pf_rows: usize,
 ) {
@@ -286,13 +286,14 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
     for (i, ai) in acc.iter().enumerate() {
         for (j, v) in ai.iter().enumerate() {
-            *out.add(i * on + j) = hsum16(*v);
+            *out.add(i * rs + j * ts) = hsum16(*v);
         }
     }
 }
 
 /// The token tiles [tb0, tb1) of one row tile (`m` rows, 4 or 1, from `w` with row stride
-/// `cols`; x: the packed tokens, `out`: the tile's first output, row stride `n`): one `tile` per
+/// `cols`; x: the packed tokens, `out`: the tile's first output, element (row i, token t) at
+/// `out[i * rs + t * ts]`): one `tile` per
 /// NT tokens; the first of them prefetches `pf_rows` rows from `pf` (0: none).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
@@ -304,7 +305,7 @@ unsafe fn token_tiles(
     x: *const u16,
     (tb0, tb1): (usize, usize),
     out: *mut f32,
-    n: usize,
+    (rs, ts): (usize, usize),
     pf: *const u16,
     pf_rows: usize,
 ) {
@@ -313,11 +314,11 @@ unsafe fn token_tiles(
     while t0 < tb1 {
         let nt = NT.min(tb1 - t0);
         let pf_rows = if t0 == tb0 { pf_rows } else { 0 };
-        let (xp, op) = (x.add(t0 * cols), out.add(t0));
+        let (xp, op) = (x.add(t0 * cols), out.add(t0 * ts));
         macro_rules! go {
             ($($r:literal, $t:literal);*) => {
                 match (m, nt) {
-                    $(($r, $t) => tile::<$r, $t>(w, cols, xp, cols, nk, op, n, pf, pf_rows),)*
+                    $(($r, $t) => tile::<$r, $t>(w, cols, xp, cols, nk, op, (rs, ts), pf, pf_rows),)*
                     _ => unreachable!("bf16-dot tile {m}x{nt}"),
                 }
             };
@@ -533,7 +534,17 @@ impl Job<'_> {
                     let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
                     convert_fp8_rows(w, cols, m, panel, w.add(m * cols), pf_rows);
                     let none = std::ptr::null();
-                    token_tiles(panel, m, cols, x, (tb0, tb1), o.add(i0 * n), n, none, 0);
+                    token_tiles(
+                        panel,
+                        m,
+                        cols,
+                        x,
+                        (tb0, tb1),
+                        o.add(i0 * n),
+                        (n, 1),
+                        none,
+                        0,
+                    );
                     i0 += m;
                 }
             }
@@ -548,15 +559,32 @@ impl Job<'_> {
     /// the [`pack_bf16`] of `self.x`.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
     pub(super) unsafe fn row_block_bf16dot(&self, wr0: usize, out: &mut [f32]) {
+        let nrows = out.len() / self.n;
+        self.row_block_bf16dot_at(wr0, nrows, out.as_mut_ptr(), (self.n, 1));
+    }
+
+    /// Rows [wr0, wr0 + nrows) for all tokens, element (row i of the block, token t) written
+    /// at `o[i * rs + t * ts]`: (n, 1) is a [block rows, n] buffer, (1, rows) the token-major
+    /// y of the whole product (`Job::run_token_major`, which then needs no transposition).
+    ///
+    /// # Safety
+    /// As [`Self::row_block_bf16dot`]; every written element must be inside the allocation
+    /// behind `o` and written by no other thread meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+    pub(super) unsafe fn row_block_bf16dot_at(
+        &self,
+        wr0: usize,
+        nrows: usize,
+        o: *mut f32,
+        (rs, ts): (usize, usize),
+    ) {
         let WRef::Bf16(d) = self.w else {
             unreachable!("the bf16-dot path takes bf16 weights")
         };
         let (n, cols) = (self.n, self.cols);
-        let nrows = out.len() / n;
         debug_assert_eq!(self.bpack.len(), cols * n);
         let nk = cols / K_CHUNK;
         let x = self.bpack.as_ptr();
-        let o = out.as_mut_ptr();
         let w0 = d.as_ptr().add(wr0 * cols);
         // rows of this matrix after row i0 + m of the block (prefetch stays inside the matrix)
         let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
@@ -565,7 +593,17 @@ impl Job<'_> {
             for i0 in 0..nrows {
                 let pf_rows = left(i0 + 1).min(1);
                 let w = w0.add(i0 * cols);
-                tile::<MR1, 1>(w, cols, x, cols, nk, o.add(i0), 1, w.add(cols), pf_rows);
+                tile::<MR1, 1>(
+                    w,
+                    cols,
+                    x,
+                    cols,
+                    nk,
+                    o.add(i0 * rs),
+                    (rs, ts),
+                    w.add(cols),
+                    pf_rows,
+                );
             }
             return;
         }
@@ -575,12 +613,12 @@ impl Job<'_> {
                 let m = if nrows - i0 >= mr_sp(n) { mr_sp(n) } else { 1 };
                 // the rows SP_PF_TILES tiles on (the prefetch stays inside the matrix)
                 let pf_rows = left(i0 + SP_PF_TILES * m).min(m);
-                let (w, op) = (w0.add(i0 * cols), o.add(i0 * n));
+                let (w, op) = (w0.add(i0 * cols), o.add(i0 * rs));
                 let pf = w.wrapping_add(SP_PF_TILES * m * cols);
                 macro_rules! go {
                     ($($r:literal, $t:literal);*) => {
                         match (m, n) {
-                            $(($r, $t) => tile::<$r, $t>(w, cols, x, cols, nk, op, n, pf, pf_rows),)*
+                            $(($r, $t) => tile::<$r, $t>(w, cols, x, cols, nk, op, (rs, ts), pf, pf_rows),)*
                             _ => unreachable!("bf16-dot single-pass tile {m}x{n}"),
                         }
                     };
@@ -599,8 +637,18 @@ impl Job<'_> {
                 let w = w0.add(i0 * cols);
                 // the first token tile of the first block streams the next rows in
                 let pf_rows = if tb0 == 0 { left(i0 + m).min(m) } else { 0 };
-                let op = o.add(i0 * n);
-                token_tiles(w, m, cols, x, (tb0, tb1), op, n, w.add(m * cols), pf_rows);
+                let op = o.add(i0 * rs);
+                token_tiles(
+                    w,
+                    m,
+                    cols,
+                    x,
+                    (tb0, tb1),
+                    op,
+                    (rs, ts),
+                    w.add(m * cols),
+                    pf_rows,
+                );
                 i0 += m;
             }
         }

@@ -475,9 +475,21 @@ impl Job<'_> {
             rows,
             n,
         };
+        // The bf16-dot path writes y itself (a token stride in its tiles): no copy at all.
+        #[cfg(target_arch = "x86_64")]
+        let direct = !self.bpack.is_empty() && self.isa.bf16_dot();
         let block = |bi: usize, s: &mut Scratch| {
             let r0 = bi * rb;
             let nr = rb.min(rows - r0);
+            #[cfg(target_arch = "x86_64")]
+            if direct {
+                // SAFETY: bpack is filled on the avx512bf16 level only when bf16dot::applies
+                // (bf16 weights, AVX-512 + AVX512-BF16 present); the block writes elements
+                // (r0 + i, t) at y[t * rows + r0 + i], i < nr, t < n: inside y ([n, rows]) and
+                // in columns no other block writes; y is not read before every block is done.
+                unsafe { self.row_block_bf16dot_at(r0, nr, out.ptr.add(r0), (1, rows)) };
+                return;
+            }
             let mut run = |blk: &mut Vec<f32>| {
                 if blk.len() < nr * n {
                     blk.resize(nr * n, 0.0);
