@@ -45,7 +45,7 @@ pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
-pub use par::{for_each_row, map_indices, worth_parallel};
+pub use par::{for_each_row, map_indices, with_thread_scratch, worth_parallel};
 pub use prefetch::{prefetch_hint, set_prefetch_hint, PrefetchHint};
 pub use rows::Rows;
 pub use vec_ops::{

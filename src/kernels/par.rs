@@ -2,6 +2,7 @@
 //! small loops — a decode step of a small model, one row's embedding, one head's matmul — run
 //! faster on the calling thread. Every parallel loop of the engine asks `worth_parallel` with an
 //! estimate of its work, so small models and batch-1 decode do not wake the pool for nothing.
+//! Per-thread scratch buffers that survive across calls go through `with_thread_scratch`.
 //!
 //! Guarantee: the choice only changes which thread computes an element, never the order of any
 //! reduction inside it, so outputs are bitwise the same either way.
@@ -46,4 +47,18 @@ where
     } else {
         (0..n).map(f).collect()
     }
+}
+
+/// Run `f` on this thread's buffer in `key`, kept for the thread's next call (large scratch
+/// otherwise comes back from the OS as fresh zeroed pages every call). A call nested on the same
+/// thread — a rayon task it runs while an outer call waits for its own tasks — finds the buffer
+/// borrowed and gets a fresh `T::default()` of its own instead.
+pub fn with_thread_scratch<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut t) => f(&mut t),
+        Err(_) => f(&mut T::default()),
+    })
 }

@@ -10,7 +10,9 @@
 //! were routed to the same experts.
 
 use crate::config::{ModelType, MoeConfig, ScoringFunc, TopkMethod};
-use crate::kernels::{map_indices, matmul, matmul_f32, matmul_many, silu_mul, worth_parallel};
+use crate::kernels::{
+    map_indices, matmul, matmul_f32, matmul_many, silu_mul, with_thread_scratch, worth_parallel,
+};
 
 use super::weights::{Expert, Moe};
 
@@ -44,11 +46,7 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
         run(&mut MlpScratch::default());
         return y;
     }
-    MLP_SCRATCH.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut s) => run(&mut s),
-        // nested on this thread (a rayon task it ran while an outer mlp waits): its own
-        Err(_) => run(&mut MlpScratch::default()),
-    });
+    with_thread_scratch(&MLP_SCRATCH, run);
     y
 }
 

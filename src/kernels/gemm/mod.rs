@@ -277,14 +277,10 @@ fn matmul_in(
         ROW_BLOCK_GEMM
     };
     let parallel = may_fork && rows > rb && super::worth_parallel(rows * cols * n);
-    CALL_BUFS.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut bufs) => matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, &mut bufs),
-        // A nested call on this thread (a rayon task it ran while an outer call waits for its
-        // row blocks): buffers of its own.
-        Err(_) => {
-            let mut bufs = CallBufs::default();
-            matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, &mut bufs)
-        }
+    // (a call nested on this thread, run while an outer call waits for its row blocks, gets
+    // buffers of its own)
+    super::with_thread_scratch(&CALL_BUFS, |bufs| {
+        matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, bufs)
     });
 }
 
@@ -490,7 +486,7 @@ impl Job<'_> {
                 unsafe { self.row_block_bf16dot_at(r0, nr, out.ptr.add(r0), (1, rows)) };
                 return;
             }
-            let mut run = |blk: &mut Vec<f32>| {
+            let run = |blk: &mut Vec<f32>| {
                 if blk.len() < nr * n {
                     blk.resize(nr * n, 0.0);
                 }
@@ -500,11 +496,7 @@ impl Job<'_> {
                 // read before every block is done.
                 unsafe { out.write_block(r0, nr, &blk[..nr * n]) };
             };
-            BLOCK_OUT.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut blk) => run(&mut blk),
-                // A nested call on this thread (see matmul_in): a buffer of its own.
-                Err(_) => run(&mut Vec::new()),
-            });
+            super::with_thread_scratch(&BLOCK_OUT, run);
         };
         let blocks = rows.div_ceil(rb);
         if parallel {
