@@ -76,9 +76,9 @@ pub(crate) struct Core {
     /// Engine-wide conditional acceptance of the current drafter per draft position (position
     /// j + 1 accepted given j were): what the adaptive policy's E(k) multiplies.
     pub pos_alpha: Vec<f64>,
-    /// Observations behind `drafter_alpha` and each `pos_alpha` (`policy::learn_acceptance`).
-    pub alpha_obs: u32,
-    pub pos_obs: Vec<u32>,
+    /// Observations behind each `pos_alpha` (`policy::learn_acceptance`; `drafter_alpha`'s are
+    /// `drafter_obs`).
+    pub pos_obs: Vec<u64>,
     /// Adaptive mode: measured drafting vs plain rates; drafting off while it loses.
     pub guard: SpecGuard,
     pub admitted: u64,
@@ -115,7 +115,6 @@ impl Core {
         self.idle_draft_steps = 0;
         self.explore_period = EXPLORE_EVERY;
         self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
-        self.alpha_obs = 0;
         self.pos_obs.fill(0);
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
@@ -546,12 +545,13 @@ impl Core {
                     0.85 * r.alpha + 0.15 * obs
                 };
                 r.alpha_obs += 1;
-                learn_acceptance(&mut self.drafter_alpha, &mut self.alpha_obs, obs);
                 self.drafter_obs += 1;
+                learn_acceptance(&mut self.drafter_alpha, self.drafter_obs, obs);
                 // positions 1..=accepted succeeded, the next one (if drafted) failed
                 for j in 0..n_model.min(model_accepted + 1).min(self.pos_alpha.len()) {
                     let hit = if j < model_accepted { 1.0 } else { 0.0 };
-                    learn_acceptance(&mut self.pos_alpha[j], &mut self.pos_obs[j], hit);
+                    self.pos_obs[j] += 1;
+                    learn_acceptance(&mut self.pos_alpha[j], self.pos_obs[j], hit);
                 }
             }
             verified.push(Some((accepted, n)));

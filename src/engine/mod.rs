@@ -255,7 +255,6 @@ impl Engine {
             drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
             drafter_obs: 0,
             pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
-            alpha_obs: 0,
             pos_obs: vec![0; k_max.max(1)],
             guard: Default::default(),
             admitted: 0,

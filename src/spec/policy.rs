@@ -134,6 +134,17 @@ pub struct StepPrice {
     pub per_draft: f64,
 }
 
+impl StepPrice {
+    /// The price one line t = base + per_token x tokens gives a step of `batch` requests: the
+    /// request's share of base plus its own token, and the line's slope per drafted token.
+    pub fn of_line(line: &LinearCost, batch: usize) -> Option<StepPrice> {
+        line.fit().map(|(tb, tt)| StepPrice {
+            share: tb / batch.max(1) as f64 + tt,
+            per_draft: tt,
+        })
+    }
+}
+
 impl TargetCost {
     /// A decode-only step of `requests` decode requests fed `tokens` tokens in `seconds`
     /// (`tokens - requests` of them drafted).
@@ -229,10 +240,10 @@ pub fn next_explore_period(period: u64, only_explorer: bool) -> u64 {
 
 /// Weight of the acceptance prior, in observations, and the observations an estimate remembers.
 pub const ACCEPT_PRIOR_WEIGHT: f64 = 4.0;
-pub const ACCEPT_MEMORY: u32 = 20;
+pub const ACCEPT_MEMORY: u64 = 20;
 
-/// One more acceptance observation `x` (0 or 1 for one draft position, or a fraction) into the
-/// estimate `est` that has `obs` observations so far: the mean of the prior (weight
+/// The `seen`-th acceptance observation `x` (0 or 1 for one draft position, or a fraction; the
+/// caller counts, from 1) into the estimate `est`: the mean of the prior (weight
 /// [`ACCEPT_PRIOR_WEIGHT`]) and the observations while they are few, then an exponential
 /// average over about [`ACCEPT_MEMORY`] of them (weight 1 / 24 per observation). An EMA of
 /// weight 0.05 from the 0.7 prior took ~10 verifications to learn that the n-gram drafter
@@ -240,9 +251,8 @@ pub const ACCEPT_MEMORY: u32 = 20;
 /// once; this estimate is at 0.45 after four. A drafter unlucky in its first verifications (the
 /// MTP layer's first two drafts on that workload are rejected) is re-measured by the policy's
 /// periodic explorer (`engine::schedule`).
-pub fn learn_acceptance(est: &mut f64, obs: &mut u32, x: f64) {
-    *obs = (*obs + 1).min(ACCEPT_MEMORY);
-    *est += (x - *est) / (ACCEPT_PRIOR_WEIGHT + f64::from(*obs));
+pub fn learn_acceptance(est: &mut f64, seen: u64, x: f64) {
+    *est += (x - *est) / (ACCEPT_PRIOR_WEIGHT + seen.clamp(1, ACCEPT_MEMORY) as f64);
 }
 
 /// Expected committed tokens for k drafts at per-token acceptance a.
@@ -288,11 +298,7 @@ pub fn choose_k_at(
     target: &LinearCost,
     draft: &LinearCost,
 ) -> usize {
-    let price = target.fit().map(|(tb, tt)| StepPrice {
-        share: tb / batch.max(1) as f64 + tt,
-        per_draft: tt,
-    });
-    choose_k_rates(c, k_max, batch, price, draft).0
+    choose_k_rates(c, k_max, batch, StepPrice::of_line(target, batch), draft).0
 }
 
 /// [`choose_k_at`] for a step priced by [`TargetCost::price`], and the predicted seconds per
@@ -557,18 +563,24 @@ mod tests {
     fn acceptance_learns_fast_then_averages() {
         let (mut a, mut n) = (0.7, 0);
         for _ in 0..4 {
-            learn_acceptance(&mut a, &mut n, 0.2);
+            n += 1;
+            learn_acceptance(&mut a, n, 0.2);
         }
         assert!(
             (a - 0.45).abs() < 1e-12,
             "mean of prior x4 and four 0.2s: {a}"
         );
         for _ in 0..300 {
-            learn_acceptance(&mut a, &mut n, 0.2);
+            n += 1;
+            learn_acceptance(&mut a, n, 0.2);
         }
-        assert_eq!(n, ACCEPT_MEMORY);
+        // past the memory every observation weighs as the ACCEPT_MEMORY-th did
+        let (mut far, mut at_memory) = (a, a);
+        learn_acceptance(&mut far, n + 1, 1.0);
+        learn_acceptance(&mut at_memory, ACCEPT_MEMORY, 1.0);
+        assert_eq!(far, at_memory);
         assert!((a - 0.2).abs() < 1e-3);
-        learn_acceptance(&mut a, &mut n, 1.0);
+        learn_acceptance(&mut a, n + 1, 1.0);
         assert!((a - (0.2 + 0.8 / 24.0)).abs() < 1e-3);
     }
 
@@ -651,13 +663,8 @@ mod tests {
     fn catch_up_is_amortised() {
         let target = model(0.010, 0.0002);
         let draft = model(0.001, 0.0001);
-        let price = |t: &LinearCost| {
-            t.fit().map(|(tb, tt)| StepPrice {
-                share: tb + tt,
-                per_draft: tt,
-            })
-        };
-        let (k, saved) = choose_k_rates(&[0.9], 8, 1, price(&target), &draft);
+        let price = StepPrice::of_line(&target, 1);
+        let (k, saved) = choose_k_rates(&[0.9], 8, 1, price, &draft);
         let saved = saved.unwrap();
         assert!(k >= 3 && saved > 0.0);
         // a short context pays back quickly; a long one does not in 32 tokens, but does later
@@ -677,7 +684,7 @@ mod tests {
             fresh.horizon(10_000, 200_000)
         ));
         // nothing saved (k = 0 is best): never worth a catch-up
-        let (k0, s0) = choose_k_rates(&[0.0], 8, 1, price(&target), &draft);
+        let (k0, s0) = choose_k_rates(&[0.0], 8, 1, price, &draft);
         assert_eq!((k0, s0), (0, Some(0.0)));
         assert!(!catch_up_pays(10, 1e-4, 0.0, 100));
     }
