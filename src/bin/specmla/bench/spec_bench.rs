@@ -183,20 +183,40 @@ impl Run {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one run serves: the workload items with their thinking budgets, and the token cap.
+#[derive(Clone, Copy)]
+struct Workload<'a> {
+    items: &'a [WorkItem],
+    budgets: &'a [Option<usize>],
+    max_tokens: usize,
+}
+
+impl Workload<'_> {
+    /// The run's requests, each with its item's budget.
+    fn requests(&self) -> Vec<Request> {
+        self.items
+            .iter()
+            .zip(self.budgets)
+            .map(|(it, b)| {
+                let mut r = it.request(self.max_tokens);
+                r.reasoning_budget = *b;
+                r
+            })
+            .collect()
+    }
+}
+
 fn run_once(
     target: &Path,
     draft: DraftSource,
     base: &EngineConfig,
     spec: SpecMode,
     batch: usize,
-    items: &[WorkItem],
-    budgets: &[Option<usize>],
-    max_tokens: usize,
+    work: Workload<'_>,
 ) -> Result<Run> {
     let engine = bench_engine(target, draft, base, spec, batch)?;
     let t = Instant::now();
-    let res = super::run_to_completion(&engine, requests(items, budgets, max_tokens))?;
+    let res = super::run_to_completion(&engine, work.requests())?;
     let wall_s = t.elapsed().as_secs_f64();
     Ok(Run {
         tokens: res.tokens,
@@ -220,39 +240,24 @@ fn bench_engine(
     Engine::new(target, draft, cfg)
 }
 
-fn requests(items: &[WorkItem], budgets: &[Option<usize>], max_tokens: usize) -> Vec<Request> {
-    items
-        .iter()
-        .zip(budgets)
-        .map(|(it, b)| {
-            let mut r = it.request(max_tokens);
-            r.reasoning_budget = *b;
-            r
-        })
-        .collect()
-}
-
 /// The workload on a plain engine and a speculative one at once (`--interleaved`): their steps
 /// alternate, each engine's wall time is the sum of its own steps, so both runs see the same
 /// host phases. Returns (plain, spec).
-#[allow(clippy::too_many_arguments)]
 fn run_interleaved(
     target: &Path,
     draft: DraftSource,
     base: &EngineConfig,
     spec: SpecMode,
     batch: usize,
-    items: &[WorkItem],
-    budgets: &[Option<usize>],
-    max_tokens: usize,
+    work: Workload<'_>,
 ) -> Result<(Run, Run)> {
     let engines = [
         bench_engine(target, DraftSource::None, base, SpecMode::Fixed(0), batch)?,
         bench_engine(target, draft, base, spec, batch)?,
     ];
     let mut runs = [
-        super::Submitted::new(&engines[0], requests(items, budgets, max_tokens))?,
-        super::Submitted::new(&engines[1], requests(items, budgets, max_tokens))?,
+        super::Submitted::new(&engines[0], work.requests())?,
+        super::Submitted::new(&engines[1], work.requests())?,
     ];
     let mut wall = [0.0f64; 2];
     while runs.iter().any(|r| !r.done()) {
@@ -467,15 +472,18 @@ fn run_target(
     // (a plain one) is not the one that pays for the first touch.
     progress(&format!("spec bench: {tname}: warm-up"));
     let warm: Vec<WorkItem> = items.iter().take(2).cloned().collect();
+    let warm_work = Workload {
+        items: &warm,
+        budgets: &[None, None],
+        max_tokens: 32,
+    };
     run_once(
         target,
         DraftSource::None,
         &base,
         SpecMode::Fixed(0),
         1,
-        &warm,
-        &[None, None],
-        32,
+        warm_work,
     )?;
     let mut rows = Vec::new();
     let mut runs_json = Vec::new();
@@ -489,6 +497,11 @@ fn run_target(
             ));
             // Plain twice, the faster counts (speedups are not inflated by one slow plain run
             // on a noisy host); both rates go to the JSON.
+            let work = Workload {
+                items: &items,
+                budgets,
+                max_tokens: a.max_tokens,
+            };
             let run_plain = || {
                 run_once(
                     target,
@@ -496,9 +509,7 @@ fn run_target(
                     &base,
                     SpecMode::Fixed(0),
                     b,
-                    &items,
-                    budgets,
-                    a.max_tokens,
+                    work,
                 )
             };
             let mut plains = Vec::new();
@@ -544,18 +555,7 @@ fn run_target(
                         "spec bench: {tname}, budget {bname}, batch {b}: {} k={kname}",
                         d.name
                     ));
-                    let run_spec = || {
-                        run_once(
-                            target,
-                            d.src.clone(),
-                            &base,
-                            mode,
-                            b,
-                            &items,
-                            budgets,
-                            a.max_tokens,
-                        )
-                    };
+                    let run_spec = || run_once(target, d.src.clone(), &base, mode, b, work);
                     let spec = run_spec()?;
                     let identical = plain.tokens == spec.tokens;
                     all_identical &= identical;
@@ -579,16 +579,7 @@ fn run_target(
                     let mut interleaved_runs = Vec::new();
                     let mut interleaved_decode = Vec::new();
                     for _ in 0..a.interleaved {
-                        let (p, q) = run_interleaved(
-                            target,
-                            d.src.clone(),
-                            &base,
-                            mode,
-                            b,
-                            &items,
-                            budgets,
-                            a.max_tokens,
-                        )?;
+                        let (p, q) = run_interleaved(target, d.src.clone(), &base, mode, b, work)?;
                         all_identical &= q.tokens == plain.tokens && p.tokens == plain.tokens;
                         interleaved.push(q.tps() / p.tps());
                         interleaved_decode.push(q.decode_tps() / p.decode_tps());
