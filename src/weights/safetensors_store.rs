@@ -5,7 +5,8 @@
 //! (checked, typed zero-copy views; the mapping outlives the store while a model uses it) -> `model`. Guarantees: every header is fully validated when the store
 //! is opened (length, UTF-8, JSON, dtypes, offsets contiguous and inside the file, byte sizes equal
 //! to `numel * dtype size`), so [`WeightStore::get`] never reads out of bounds; a malformed file is
-//! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped, not read into memory —
+//! an `Error::Safetensors { path, msg }`, never a panic. Files are mapped (advised `MADV_HUGEPAGE`:
+//! 2 MB pages where the page cache can give them), not read into memory —
 //! unless [`set_huge_page_weights`] asked for weights in huge pages: then each file is read once
 //! into an anonymous mapping advised `MADV_HUGEPAGE` (2 MB-aligned; the same bytes, so the same
 //! tensors and alignments), trading a slower load for fewer TLB misses while the kernels stream
@@ -411,6 +412,13 @@ fn map_file(p: &Path, huge_pages: bool) -> Result<Shard> {
         // immutable while the engine runs; truncating one underneath a running engine is outside
         // the supported contract (the same one every mmap-based checkpoint loader makes).
         let m = unsafe { Mmap::map(&f) }.map_err(|e| io_err(p, e))?;
+        // Ask for 2 MB pages before anything is read: where the file is not cached yet, the
+        // kernel's readahead of a mapping so advised fills the page cache with 2 MB folios (on
+        // filesystems with large folios) and maps them whole, so the kernels stream the weights
+        // with fewer TLB misses — zero-copy. Pages already cached in small folios stay small
+        // (`weights::mapped_pages_under` reports which). Refused: ordinary pages, same bytes.
+        #[cfg(target_os = "linux")]
+        let _ = m.advise(memmap2::Advice::HugePage);
         // Start reading the file into the page cache in the background: the weights are used
         // in place (zero-copy), so the first forward would otherwise fault them in one by one.
         #[cfg(unix)]

@@ -217,6 +217,11 @@ pub fn run(
         )?);
     }
     let rss = super::rss_bytes();
+    // How the weights are mapped (2 MB pages or not) after the runs above touched them: a
+    // comparison with another engine on the same files should state both sides' page sizes.
+    let pages = (!a.huge_pages)
+        .then(|| specmla::weights::mapped_pages_under(&dir))
+        .flatten();
 
     // ---- interleaved roofline: [bandwidth probe, batch-1 decode] per round, after the RSS
     // reading (the probe's buffer is not part of the engine's footprint). A noisy host changes
@@ -399,8 +404,23 @@ pub fn run(
             (num_blocks * block_size * kv_bpt) as f64 / 1e9
         );
     }
+    if a.huge_pages {
+        text += "weights: copied into anonymous huge pages (--huge-pages)\n";
+    } else if let Some(p) = pages {
+        text += &format!(
+            "weights: {:.2} GB of the mapped files resident, {:.1}% of it in 2 MB pages\n",
+            p.resident_bytes as f64 / 1e9,
+            100.0 * p.huge_fraction()
+        );
+    }
     let json = json!({
         "isa": isa.to_string(),
+        "weights_pages": json!({
+            "copied_to_huge_pages": a.huge_pages,
+            "mapped_resident_bytes": pages.map(|p| p.resident_bytes),
+            "mapped_huge_bytes": pages.map(|p| p.huge_bytes),
+            "mapped_huge_fraction": pages.map(|p| p.huge_fraction()),
+        }),
         "peak_rss_bytes": rss.map(|r| r.0),
         "prefill_long": long_prefills.iter().map(|(len, best)| json!({"tokens": len, "seconds_best": best, "tokens_per_s": *len as f64 / best})).collect::<Vec<_>>(),
         "decode_long_context": long_decodes.iter().map(|d| json!({
