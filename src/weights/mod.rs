@@ -3,10 +3,10 @@
 //! Second half of the first step of the data flow (`config` + `weights` -> `model`):
 //! `safetensors_store` maps the files and validates their headers, `dtype` decodes element types,
 //! `loader` hands out shape- and dtype-checked `kernels::Matrix` / f32 vectors, `expected`
-//! checks a whole checkpoint against what its `config.json` implies, `pages` reports how the mapped weights sit in memory (2 MB
-//! pages or not), `quantize` writes an
-//! fp8 block-scaled copy of a checkpoint and `widen` a function-preserving wider copy (the
-//! memory-bound benchmark target). Nothing here panics on a bad
+//! checks a whole checkpoint against what its `config.json` implies, `pages` reports how the
+//! mapped weights sit in memory (2 MB pages or not), `quantize` writes an fp8 block-scaled copy
+//! of a checkpoint and `widen` a function-preserving wider copy (the memory-bound benchmark
+//! target). Nothing here panics on a bad
 //! file; every failure is `Error::Safetensors`, `Error::Tensor` or `Error::Io`.
 
 mod dtype;
