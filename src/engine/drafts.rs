@@ -6,7 +6,9 @@
 //!
 //! Guarantee: the choice only decides how many tokens are verified, never what is committed.
 
-use crate::spec::policy::{catch_up_pays, choose_k_rates, LinearCost, TargetCost};
+use crate::spec::policy::{
+    catch_up_pays, choose_k_rates, optimistic_acceptance, LinearCost, TargetCost,
+};
 use crate::spec::SpecMode;
 
 use super::request::ReqState;
@@ -25,6 +27,8 @@ pub(super) struct DraftContext<'a> {
     pub drafter_alpha: f64,
     /// Its conditional acceptance per draft position.
     pub pos_alpha: &'a [f64],
+    /// Observations behind each `pos_alpha`.
+    pub pos_obs: &'a [u64],
     /// Adaptive mode: draft at least this many (the informed policy's explorer, 1; else 0).
     pub min_k: usize,
 }
@@ -44,6 +48,7 @@ pub(super) fn choose_drafts(
         n_decode,
         drafter_alpha,
         pos_alpha,
+        pos_obs,
         min_k,
     } = *ctx;
     // the engine's per-position profile, scaled by how this request's acceptance compares
@@ -53,7 +58,15 @@ pub(super) fn choose_drafts(
     } else {
         1.0
     };
-    let c: Vec<f64> = pos_alpha.iter().map(|p| (p * ratio).min(0.999)).collect();
+    // adaptive: each position rated at its upper confidence bound (`optimistic_acceptance`)
+    let c: Vec<f64> = pos_alpha
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let obs = pos_obs.get(j).copied().unwrap_or(0);
+            optimistic_acceptance((p * ratio).min(0.999), obs)
+        })
+        .collect();
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
         SpecMode::Adaptive { k_max } => {

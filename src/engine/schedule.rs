@@ -192,6 +192,7 @@ impl Core {
                         n_decode,
                         drafter_alpha: self.drafter_alpha,
                         pos_alpha: &self.pos_alpha,
+                        pos_obs: &self.pos_obs,
                         min_k: usize::from(explore),
                     };
                     let d = choose_drafts(&ctx, r, catch_up);
