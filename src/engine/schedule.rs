@@ -95,6 +95,14 @@ impl Core {
         self.drafter_has_model() && r.drafter_lag() > k_max + 2
     }
 
+    /// The policy's explorer for this step: the first decode request that may draft and whose
+    /// drafter is not catching up (None: there is none, any request may explore).
+    fn explorer_index(&self) -> Option<usize> {
+        self.running
+            .iter()
+            .position(|r| r.pending() == 1 && r.speculate && !self.catching_up(r))
+    }
+
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
     /// `kind` Plain: nobody drafts this step (the adaptive guard's decision).
     pub(super) fn schedule(&mut self, kind: StepKind) -> Vec<Planned> {
@@ -152,6 +160,11 @@ impl Core {
             && kind == StepKind::Free
             && self.policy_informed()
             && explore_due(self.idle_draft_steps, self.explore_period, n_decode);
+        // The explorer is a request whose drafter has caught up where there is one: it measures
+        // the same acceptance and price without paying a catch-up (the MTP layer over a whole
+        // context: 11-17 ms at 150-250 positions on the widened target, one to two plain steps
+        // at batch 4). Else the first decode request that may draft.
+        let explorer = explore.then(|| self.explorer_index()).flatten();
         let (mut forced, mut n_drafting) = (false, 0);
         let mut catch_ups = CatchUpBudget::new(self.target_cost.plain_at(n_decode).unwrap_or(0.0));
         let mut i = 0;
@@ -193,7 +206,7 @@ impl Core {
                         drafter_alpha: self.drafter_alpha,
                         pos_alpha: &self.pos_alpha,
                         pos_obs: &self.pos_obs,
-                        min_k: usize::from(explore),
+                        min_k: usize::from(explore && explorer.is_none_or(|e| e == i)),
                     };
                     let d = choose_drafts(&ctx, r, catch_up);
                     if explore && d.0 + d.1.len() > 0 {
