@@ -19,7 +19,6 @@ use crate::spec::policy::{
 };
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
-    DEFAULT_ACCEPTANCE_PRIOR,
 };
 use crate::tokenizer::Tokenizer;
 
@@ -28,16 +27,8 @@ use super::request::{Event, FaultSite, FinishReason, ReqState};
 use super::schedule::Planned;
 use super::EngineConfig;
 
-/// The adaptive policy's acceptance prior for a drafter nothing has been measured of: the
-/// proposer's own (`Proposer::acceptance_prior`), this without one.
-pub(crate) fn drafter_alpha_prior(p: Option<&dyn Proposer>) -> f64 {
-    let a = p.map_or(DEFAULT_ACCEPTANCE_PRIOR, |p| p.acceptance_prior());
-    if a.is_finite() {
-        a.clamp(0.0, 0.999)
-    } else {
-        DEFAULT_ACCEPTANCE_PRIOR
-    }
-}
+/// The adaptive policy's acceptance prior for a drafter nothing has been measured of.
+pub(crate) const DRAFTER_ALPHA_PRIOR: f64 = 0.7;
 
 pub(crate) struct Core {
     /// The target's CUDA backend (`EngineConfig::device`); None: the CPU kernels.
@@ -119,12 +110,11 @@ impl Core {
     pub(crate) fn new_drafter_generation(&mut self) {
         self.draft_generation += 1;
         self.drafter_disabled = None;
-        let prior = drafter_alpha_prior(self.proposer.as_deref());
-        self.drafter_alpha = prior;
+        self.drafter_alpha = DRAFTER_ALPHA_PRIOR;
         self.drafter_obs = 0;
         self.idle_draft_steps = 0;
         self.explore_period = EXPLORE_EVERY;
-        self.pos_alpha.fill(prior);
+        self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
         self.pos_obs.fill(0);
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
@@ -703,26 +693,5 @@ fn publish_prefix(kv: &mut KvCache, r: &mut ReqState, enabled: bool) {
     if enabled && !r.prefix_registered && r.kv.len() >= r.prompt_len {
         kv.register_prefix(&r.kv, &r.tokens[..r.prompt_len]);
         r.prefix_registered = true;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::spec::{AbProposer, NgramProposer, NGRAM_ACCEPTANCE_PRIOR};
-
-    /// The policy starts each drafter from its own acceptance prior: the prompt-lookup
-    /// drafter's lower one, an A/B pair's most hopeful arm, the model drafters' default
-    /// otherwise (also for an A/B proposer with no arm, whose fold is NaN).
-    #[test]
-    fn each_drafter_starts_from_its_own_prior() {
-        assert_eq!(drafter_alpha_prior(None), DEFAULT_ACCEPTANCE_PRIOR);
-        let ngram = NgramProposer::default();
-        assert_eq!(drafter_alpha_prior(Some(&ngram)), NGRAM_ACCEPTANCE_PRIOR);
-        let mk = || -> Option<Box<dyn Proposer>> { Some(Box::new(NgramProposer::default())) };
-        let ab = AbProposer::new(mk(), None, 0.5);
-        assert_eq!(drafter_alpha_prior(Some(&ab)), NGRAM_ACCEPTANCE_PRIOR);
-        let empty = AbProposer::new(None, None, 0.5);
-        assert_eq!(drafter_alpha_prior(Some(&empty)), DEFAULT_ACCEPTANCE_PRIOR);
     }
 }

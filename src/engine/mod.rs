@@ -227,7 +227,6 @@ impl Engine {
             num_blocks: cfg.num_blocks,
             k_max,
         });
-        let prior = core::drafter_alpha_prior(proposer.as_deref());
         let core = Core {
             cuda,
             model,
@@ -253,9 +252,9 @@ impl Engine {
             time_draft_s: 0.0,
             target_weight_bytes: 0,
             decode: Default::default(),
-            drafter_alpha: prior,
+            drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
             drafter_obs: 0,
-            pos_alpha: vec![prior; k_max.max(1)],
+            pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
             pos_obs: vec![0; k_max.max(1)],
             guard: Default::default(),
             admitted: 0,

@@ -186,15 +186,6 @@ impl Proposer for AbProposer {
         self.arms.iter().flatten().any(|p| p.wants_hidden())
     }
 
-    /// The arms share the engine's estimates: the most hopeful arm's prior.
-    fn acceptance_prior(&self) -> f64 {
-        self.arms
-            .iter()
-            .flatten()
-            .map(|p| p.acceptance_prior())
-            .fold(f64::NAN, f64::max)
-    }
-
     fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {
         for a in self.targets(id) {
             if let Some(p) = self.arms[a].as_mut().filter(|p| p.wants_hidden()) {

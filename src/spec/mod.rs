@@ -22,10 +22,7 @@ pub use counters::Counters;
 pub use draft_model::DraftModelProposer;
 pub use guard::{SpecGuard, StepKind};
 pub use mtp::MtpProposer;
-pub use proposer::{
-    NgramProposer, Proposal, ProposeRequest, Proposer, DEFAULT_ACCEPTANCE_PRIOR,
-    NGRAM_ACCEPTANCE_PRIOR,
-};
+pub use proposer::{NgramProposer, Proposal, ProposeRequest, Proposer};
 pub use verifier::{verify_position, Verdict};
 
 /// How many tokens to draft.

@@ -120,12 +120,6 @@ pub trait Proposer: Send {
     fn has_model(&self) -> bool {
         false
     }
-    /// The adaptive policy's per-token acceptance prior for this drafter before anything was
-    /// measured (weight `policy::ACCEPT_PRIOR_WEIGHT` observations): 0.7 for a model drafter
-    /// trained on the target's distribution.
-    fn acceptance_prior(&self) -> f64 {
-        DEFAULT_ACCEPTANCE_PRIOR
-    }
     /// Whether the proposer needs the target's hidden states (the MTP drafter): then the engine
     /// asks the target forward for them and hands every request's rows to
     /// [`Proposer::on_target_hidden`]. A reused prefix has no hidden states, so such a proposer
@@ -161,16 +155,6 @@ pub trait Proposer: Send {
     }
 }
 
-/// The acceptance prior of a model drafter ([`Proposer::acceptance_prior`]).
-pub const DEFAULT_ACCEPTANCE_PRIOR: f64 = 0.7;
-
-/// The prompt-lookup drafter's acceptance prior: a copy of an earlier continuation of the
-/// context is right far less often than a model's guess outside copy-heavy text (measured on the
-/// bundled reasoning workload: 15-25 % per token; with the model drafters' 0.7 it drafted ~20
-/// tokens at a loss in each short batch-4 run before its estimate came down). A workload that
-/// repeats its context (editing, extraction) lifts the estimate within a few verifications.
-pub const NGRAM_ACCEPTANCE_PRIOR: f64 = 0.35;
-
 /// Prompt-lookup proposer.
 pub struct NgramProposer {
     pub min_n: usize,
@@ -197,9 +181,6 @@ impl Proposer for NgramProposer {
     fn release(&mut self, _id: u64) {}
     fn name(&self) -> String {
         format!("ngram({}..{})", self.min_n, self.max_n)
-    }
-    fn acceptance_prior(&self) -> f64 {
-        NGRAM_ACCEPTANCE_PRIOR
     }
 }
 
