@@ -90,12 +90,12 @@ impl LinearCost {
 /// drafting steps' time beyond plain(b) — both per decode-batch class (the guard's: 1, 2, 3-4,
 /// 5-8, 9-16, 17+ requests). A class's plain line borrows the all-classes slope until it has
 /// its own; its draft price starts from a prior of [`DRAFT_PRIOR_SHARE`] x the request's share
-/// of a plain step at that batch, one drafted token's weight, never from another class's
-/// drafts: a drafted token is cheap at batch 16 (the step's experts are loaded anyway) and dear
-/// at batch 2-4, so the all-classes price that a class borrowed before it drafted itself let
-/// the n-gram drafter (15-25 % accepted) draft at a loss in the last steps of a batch-16 run,
-/// when finished requests leave 2-4 running (traced on the widened target: 2-3 drafts made a
-/// batch-3 step 12-18 ms instead of ~10).
+/// of a plain step at that batch ([`DRAFT_PRIOR_WEIGHT`] drafted tokens' weight), never from
+/// another class's drafts: a drafted token is cheap at batch 16 (the step's experts are loaded
+/// anyway) and dear at batch 2-4, so the all-classes price that a class borrowed before it
+/// drafted itself let the n-gram drafter (15-25 % accepted) draft at a loss in the last steps of
+/// a batch-16 run, when finished requests leave 2-4 running (traced on the widened target: 2-3
+/// drafts made a batch-3 step 12-18 ms instead of ~10).
 ///
 /// Why not one line in tokens: a drafted token does not cost what a request does, and neither
 /// costs the same at every batch. On the widened MoE target a request added to a batch of 9-16
@@ -126,8 +126,8 @@ impl DraftPrice {
         self.sxy = self.sxy * LinearCost::DECAY + x * extra_secs;
         self.sxx = self.sxx * LinearCost::DECAY + x * x;
     }
-    /// The through-origin slope with `prior` seconds per draft counted as one step of one
-    /// drafted token ([`DRAFT_PRIOR_WEIGHT`]).
+    /// The through-origin slope with `prior` seconds per draft counted as
+    /// [`DRAFT_PRIOR_WEIGHT`] steps of one drafted token each.
     fn per_draft(&self, prior: f64) -> f64 {
         let w = DRAFT_PRIOR_WEIGHT;
         ((self.sxy + w * prior) / (self.sxx + w)).max(0.0)
@@ -277,8 +277,8 @@ pub const ACCEPT_OPTIMISM: f64 = 0.5;
 
 /// The acceptance the policy decides on for an estimate `a` behind `obs` observations:
 /// `a + ACCEPT_OPTIMISM x sqrt(a (1 - a) / (ACCEPT_PRIOR_WEIGHT + obs))` (an upper confidence
-/// bound; `obs` uncapped, so it shrinks towards `a` as evidence grows; exact at 0). Without it a drafter
-/// whose first two verifications were rejected stopped for good: on the widened target at
+/// bound; `obs` uncapped, so it shrinks towards `a` as evidence grows; exact at 0). Without it
+/// a drafter whose first two verifications were rejected stopped for good: on the widened target at
 /// batch 4 the weak draft model (68 % accepted) fell to 0.47 after two rejections, drafting
 /// stopped paying at that estimate, and nothing re-measured it for the rest of the run (64 idle
 /// steps before the explorer's turn): adaptive 1.05x where fixed k = 1 gave 1.2x.
