@@ -58,14 +58,12 @@ pub(super) fn choose_drafts(
     } else {
         1.0
     };
-    // adaptive: each position rated at its upper confidence bound (`optimistic_acceptance`)
+    // adaptive: each position rated at its upper confidence bound (`optimistic_acceptance`,
+    // which also caps it below 1)
     let c: Vec<f64> = pos_alpha
         .iter()
         .enumerate()
-        .map(|(j, p)| {
-            let obs = pos_obs.get(j).copied().unwrap_or(0);
-            optimistic_acceptance((p * ratio).min(0.999), obs)
-        })
+        .map(|(j, p)| optimistic_acceptance(p * ratio, pos_obs.get(j).copied().unwrap_or(0)))
         .collect();
     let mut k = match spec {
         SpecMode::Fixed(k) => k,

@@ -151,11 +151,11 @@ impl Core {
         // 2-token steps ran at 1.4x a plain step, then 1.2x later, but nothing drafted again to
         // show it): after `explore_period` x (decode requests) decode steps without drafts one
         // request drafts one token, which re-measures both the cost and the acceptance. The
-        // period grows with the batch: an exploration costs about the same at any batch (the
-        // explorer's drafter catches up on what it skipped, its token is verified), while what
-        // a wrongly idle drafter loses shrinks with it (on the widened target drafting paid
-        // 1.2-1.7x at batch 1, at most 1.05-1.15x at batch 16, where exploring every 16 steps
-        // cost the MTP drafter ~2 %).
+        // period grows with the batch: an exploration costs about the same at any batch (its
+        // token is verified, and its drafter catches up when no caught-up request can explore),
+        // while what a wrongly idle drafter loses shrinks with it (on the widened target
+        // drafting paid 1.2-1.7x at batch 1, at most 1.05-1.15x at batch 16, where exploring
+        // every 16 steps cost the MTP drafter ~2 %).
         let mut explore = adaptive
             && kind == StepKind::Free
             && self.policy_informed()
