@@ -149,6 +149,14 @@ pub struct BenchArgs {
     /// median of the R ratios (0 = off).
     #[arg(long, default_value_t = 0)]
     pub interleaved: usize,
+    /// Speculation bench: the requests arrive one every S engine steps (the plain and the
+    /// speculative engine alike; 0 = all at once). All at once, the bundled workload's requests
+    /// (one template) decode in lockstep and their tokens of one step share experts: at batch
+    /// 16 on the widened target a plain step read ~28 experts' weights against ~55 with
+    /// staggered arrivals, and one accepted draft moved a request out of step and cost the
+    /// speculative engine ~4 % per step (docs/BENCHMARKS.md)
+    #[arg(long, default_value_t = 1)]
+    pub stagger: usize,
     /// Speculation bench: skip the widened (memory-bound) copy of the target.
     #[arg(long)]
     pub no_wide: bool,
@@ -323,10 +331,17 @@ pub struct RunResult {
 
 /// Submit every request, step until all finish; a request failing is an error.
 pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResult> {
+    run_staggered(engine, reqs, 0)
+}
+
+/// [`run_to_completion`] with the requests arriving one every `every` steps
+/// ([`Submitted::staggered`]).
+pub fn run_staggered(engine: &Engine, reqs: Vec<Request>, every: usize) -> Result<RunResult> {
     let t0 = Instant::now();
-    let mut run = Submitted::new(engine, reqs)?;
+    let mut run = Submitted::staggered(engine, reqs, every)?;
     while !run.done() {
         run.absorb(engine.step()?)?;
+        run.arrive(engine)?;
     }
     Ok(RunResult {
         tokens: run.tokens,
@@ -335,26 +350,49 @@ pub fn run_to_completion(engine: &Engine, reqs: Vec<Request>) -> Result<RunResul
 }
 
 /// Requests submitted to one engine and what their steps committed so far (the drivers of
-/// `run_to_completion` and the spec bench's interleaved runs).
+/// `run_to_completion` and the spec bench's runs), all at once or arriving one every few
+/// engine steps ([`Submitted::staggered`]).
 pub struct Submitted {
     ids: Vec<u64>,
     /// Per request, in submission order: committed token ids.
     pub tokens: Vec<Vec<u32>>,
     open: usize,
+    /// Requests still to arrive, in order.
+    pending: std::collections::VecDeque<Request>,
+    /// Engine steps between two arrivals (0: every request at once).
+    every: usize,
+    /// Steps absorbed so far.
+    steps: usize,
 }
 
 impl Submitted {
-    pub fn new(engine: &Engine, reqs: Vec<Request>) -> Result<Self> {
-        let mut ids = Vec::with_capacity(reqs.len());
-        for r in reqs {
-            ids.push(engine.submit(r)?);
-        }
-        let n = ids.len();
-        Ok(Submitted {
-            ids,
+    /// The first request now, then one every `every` engine steps (0: all now); the driver
+    /// calls [`Self::arrive`] after each step it absorbs.
+    pub fn staggered(engine: &Engine, reqs: Vec<Request>, every: usize) -> Result<Self> {
+        let n = reqs.len();
+        let mut s = Submitted {
+            ids: Vec::with_capacity(n),
             tokens: vec![Vec::new(); n],
             open: n,
-        })
+            pending: reqs.into(),
+            every,
+            steps: 0,
+        };
+        s.arrive(engine)?;
+        Ok(s)
+    }
+
+    /// Submit the requests due before the next step.
+    pub fn arrive(&mut self, engine: &Engine) -> Result<()> {
+        while let Some(r) = self.pending.pop_front() {
+            let due = self.every == 0 || self.steps >= self.ids.len() * self.every;
+            if !due {
+                self.pending.push_front(r);
+                break;
+            }
+            self.ids.push(engine.submit(r)?);
+        }
+        Ok(())
     }
 
     /// Whether every request has finished.
@@ -364,6 +402,7 @@ impl Submitted {
 
     /// Take one step's events; a request that failed is an error.
     pub fn absorb(&mut self, events: Vec<Event>) -> Result<()> {
+        self.steps += 1;
         for ev in events {
             let Some(i) = self.ids.iter().position(|&x| x == ev.id) else {
                 continue;

@@ -189,6 +189,8 @@ struct Workload<'a> {
     items: &'a [WorkItem],
     budgets: &'a [Option<usize>],
     max_tokens: usize,
+    /// Engine steps between two arrivals (0: all at once; `--stagger`).
+    stagger: usize,
 }
 
 impl Workload<'_> {
@@ -216,7 +218,7 @@ fn run_once(
 ) -> Result<Run> {
     let engine = bench_engine(target, draft, base, spec, batch)?;
     let t = Instant::now();
-    let res = super::run_to_completion(&engine, work.requests())?;
+    let res = super::run_staggered(&engine, work.requests(), work.stagger)?;
     let wall_s = t.elapsed().as_secs_f64();
     Ok(Run {
         tokens: res.tokens,
@@ -256,8 +258,8 @@ fn run_interleaved(
         bench_engine(target, draft, base, spec, batch)?,
     ];
     let mut runs = [
-        super::Submitted::new(&engines[0], work.requests())?,
-        super::Submitted::new(&engines[1], work.requests())?,
+        super::Submitted::staggered(&engines[0], work.requests(), work.stagger)?,
+        super::Submitted::staggered(&engines[1], work.requests(), work.stagger)?,
     ];
     let mut wall = [0.0f64; 2];
     while runs.iter().any(|r| !r.done()) {
@@ -269,6 +271,7 @@ fn run_interleaved(
             let events = e.step()?;
             wall[j] += t.elapsed().as_secs_f64();
             run.absorb(events)?;
+            run.arrive(e)?;
         }
     }
     let [tp, ts] = runs.map(|r| r.tokens);
@@ -409,7 +412,7 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
     result?;
     Ok(Section {
         name: "speculation",
-        json: json!({"runs": out_runs, "greedy_identical": all_identical, "draft_p_min": a.draft_p_min}),
+        json: json!({"runs": out_runs, "greedy_identical": all_identical, "draft_p_min": a.draft_p_min, "stagger_steps": a.stagger}),
         text: out_text,
     })
 }
@@ -476,6 +479,7 @@ fn run_target(
         items: &warm,
         budgets: &[None, None],
         max_tokens: 32,
+        stagger: 0,
     };
     run_once(
         target,
@@ -501,6 +505,7 @@ fn run_target(
                 items: &items,
                 budgets,
                 max_tokens: a.max_tokens,
+                stagger: a.stagger,
             };
             let run_plain = || {
                 run_once(
