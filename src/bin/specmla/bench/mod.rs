@@ -546,6 +546,52 @@ mod tests {
         assert_ne!(t, random_tokens(1000, 50, 3, 10));
     }
 
+    /// Staggered arrivals: request i reaches the engine only after i x `every` steps (its first
+    /// token comes no earlier), all at once they start together, and the arrival pattern never
+    /// changes what a request generates.
+    #[test]
+    fn staggered_requests_arrive_one_every_few_steps() {
+        use specmla::engine::{DraftSource, EngineConfig, Prompt};
+        let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/target");
+        let reqs = || -> Vec<Request> {
+            (0..3)
+                .map(|i| {
+                    let mut r = Request::new(Prompt::Tokens(random_tokens(6, 100, 5, 7 + i)));
+                    r.sampling.max_tokens = 12;
+                    r.sampling.ignore_eos = true;
+                    r
+                })
+                .collect()
+        };
+        // (the step after which each request got its first token, what each generated)
+        let drive = |every: usize| -> (Vec<usize>, Vec<Vec<u32>>) {
+            let engine = Engine::new(&target, DraftSource::None, EngineConfig::default())
+                .expect("bundled target");
+            let mut run = Submitted::staggered(&engine, reqs(), every).expect("submit");
+            let mut first = vec![0usize; 3];
+            while !run.done() {
+                run.absorb(engine.step().expect("step")).expect("absorb");
+                for (f, t) in first.iter_mut().zip(&run.tokens) {
+                    if *f == 0 && !t.is_empty() {
+                        *f = run.steps;
+                    }
+                }
+                run.arrive(&engine).expect("arrive");
+                assert!(run.steps < 1000, "never finished");
+            }
+            (first, run.tokens)
+        };
+        let (first0, tokens0) = drive(0);
+        assert_eq!(first0, vec![1, 1, 1], "all at once: one prefill step");
+        let (first3, tokens3) = drive(3);
+        for (i, &f) in first3.iter().enumerate() {
+            assert!(f > 3 * i, "request {i} answered after step {f}: {first3:?}");
+        }
+        assert!(first3[2] > first3[0], "{first3:?}");
+        assert_eq!(tokens3, tokens0);
+        assert!(tokens0.iter().all(|t| t.len() == 12), "{tokens0:?}");
+    }
+
     #[test]
     fn table_aligns_columns() {
         let t = table(&["a", "bbb"], &[vec!["1234".into(), "x".into()]]);
