@@ -9,9 +9,9 @@
 //! model ([`TargetCost`]: a plain step by batch, a drafted token's price by batch class) and a
 //! linear model of one draft forward, all fitted online from measured step times. k = 0 when
 //! speculation does not pay by a margin ([`PAY_HURDLE`]; large batches, where the fixed costs
-//! are shared, or low acceptance). The acceptance estimates learn fast from a prior ([`learn_acceptance`]); the
-//! engine ramps how many requests may draft on little evidence ([`ramp_cap`]) and re-explores
-//! a drafter it stopped using ([`explore_due`]).
+//! are shared, or low acceptance). The acceptance estimates learn fast from a prior
+//! ([`learn_acceptance`]); the engine ramps how many requests may draft on little evidence
+//! ([`ramp_cap`]) and re-explores a drafter it stopped using ([`explore_due`]).
 
 /// Online linear model t = base + per_token * n fitted with exponential forgetting.
 #[derive(Clone, Debug)]
@@ -789,7 +789,7 @@ mod tests {
     }
 
     /// A k > 0 predicted a few percent faster than plain decoding is not taken; one clear of
-    /// the hurdle is. (Binary fractions, so the rates are exact.)
+    /// the hurdle is.
     #[test]
     fn drafting_must_clear_the_hurdle() {
         let price = Some(StepPrice {

@@ -154,7 +154,7 @@ pub struct BenchArgs {
     /// (one template) decode in lockstep and their tokens of one step share experts: at batch
     /// 16 on the widened target a plain step read ~28 experts' weights against ~55 with
     /// staggered arrivals, and one accepted draft moved a request out of step and cost the
-    /// speculative engine ~4 % per step (docs/BENCHMARKS.md)
+    /// speculative engine ~4 % per step (docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 1)]
     pub stagger: usize,
     /// Speculation bench: skip the widened (memory-bound) copy of the target.
