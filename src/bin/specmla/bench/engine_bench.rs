@@ -34,6 +34,9 @@ struct DecodeResult {
     step_p50_s: f64,
     /// Mean context length (tokens in the latent cache) over the measured steps.
     mean_ctx: f64,
+    /// Weight bytes the measured steps needed, per step (dense once, the union of the routed
+    /// experts the step's tokens selected): how many distinct experts a batch's tokens reach.
+    weight_bytes_per_step: f64,
 }
 
 fn bytes_per_weight(m: &Model) -> usize {
@@ -331,6 +334,7 @@ pub fn run(
                 format!("{:.1}", 1e3 * d.step_p50_s),
                 format!("{:.0}", d.mean_ctx),
                 d.steps.to_string(),
+                format!("{:.1}", d.weight_bytes_per_step / 1e6),
             ]
         })
         .collect();
@@ -342,6 +346,7 @@ pub fn run(
             "ms/step p50",
             "context",
             "steps",
+            "weight MB/step",
         ],
         &rows,
     );
@@ -450,6 +455,7 @@ pub fn run(
             "batch": d.batch, "steps": d.steps, "tokens": d.tokens, "seconds": d.secs,
             "tokens_per_s": d.tokens as f64 / d.secs, "ms_per_step_mean": 1e3 * d.secs / d.steps as f64,
             "ms_per_step_p50": 1e3 * d.step_p50_s, "mean_context": d.mean_ctx,
+            "weight_bytes_per_step": d.weight_bytes_per_step,
         })).collect::<Vec<_>>(),
         "batch1_roofline_interleaved": interleaved.iter().zip(&inter_fracs).map(|(&(bw_r, step, ctx), f)| json!({
             "read_bandwidth_bytes_per_s": bw_r, "step_s": step, "mean_context": ctx, "bandwidth_fraction": f,
@@ -516,6 +522,7 @@ fn decode(
     let ctx0 = prompt_len + got.iter().sum::<usize>() / b;
     let mut times = Vec::with_capacity(steps);
     let mut tokens = 0;
+    let before = engine.stats().target_weight_bytes;
     let t0 = Instant::now();
     for _ in 0..steps {
         let t = Instant::now();
@@ -523,6 +530,7 @@ fn decode(
         times.push(t.elapsed().as_secs_f64());
     }
     let secs = t0.elapsed().as_secs_f64();
+    let weight_bytes = engine.stats().target_weight_bytes - before;
     while engine.has_work() {
         engine.step()?;
     }
@@ -534,5 +542,6 @@ fn decode(
         step_p50_s: super::percentile(&times, 50.0),
         // the step at context L reads L cached tokens (prompt + generated - 1, plus the new one)
         mean_ctx: ctx0 as f64 + (steps as f64 - 1.0) / 2.0,
+        weight_bytes_per_step: weight_bytes as f64 / steps.max(1) as f64,
     })
 }
