@@ -199,6 +199,7 @@ pub fn run(
             vocab,
             lo,
             a.seed + 1000 * (bi as u64 + 1),
+            a.decode_temperature,
         )?);
     }
 
@@ -217,6 +218,7 @@ pub fn run(
             vocab,
             lo,
             a.seed + 77_000 + i as u64,
+            0.0,
         )?);
     }
     let rss = super::rss_bytes();
@@ -247,6 +249,7 @@ pub fn run(
             vocab,
             lo,
             a.seed + 5000 + r as u64,
+            0.0,
         )?;
         interleaved.push((bw_r, d.secs / d.steps as f64, d.mean_ctx));
     }
@@ -446,6 +449,7 @@ pub fn run(
             "load_s": load_s,
         },
         "kv_dtype": a.kv_dtype,
+        "decode_temperature": a.decode_temperature,
         "kv_bytes_per_token": kv_bpt,
         "prefill": {
             "tokens": prefill_len, "seconds_best": prefill_best, "tokens_per_s": prefill_tps,
@@ -472,7 +476,9 @@ pub fn run(
     })
 }
 
-/// Run `b` requests to steady-state decode and time `steps` steps in which all of them decode.
+/// Run `b` requests to steady-state decode and time `steps` steps in which all of them decode
+/// (random `prompt_len`-token prompts; `temperature` 0 decodes greedily, above 0 samples,
+/// seeded per request).
 #[allow(clippy::too_many_arguments)]
 fn decode(
     engine: &Engine,
@@ -483,6 +489,7 @@ fn decode(
     vocab: usize,
     lo: u32,
     seed: u64,
+    temperature: f32,
 ) -> Result<DecodeResult> {
     let mut ids = Vec::with_capacity(b);
     for i in 0..b {
@@ -494,6 +501,8 @@ fn decode(
         )));
         r.sampling.max_tokens = 1 + warmup + steps;
         r.sampling.ignore_eos = true;
+        r.sampling.temperature = temperature;
+        r.sampling.seed = seed + i as u64;
         ids.push(engine.submit(r)?);
     }
     let mut got = vec![0usize; b];

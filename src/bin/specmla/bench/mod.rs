@@ -117,6 +117,12 @@ pub struct BenchArgs {
     /// average out a noisy machine (each costs one step at that context).
     #[arg(long)]
     pub long_steps: Option<usize>,
+    /// Engine bench: sampling temperature of the batched decode measurement (0 = greedy).
+    /// Greedy continuations of a batch's prompts reach fewer distinct experts than the random
+    /// token per sequence and step that `llama-batched-bench` feeds; a high temperature (e.g.
+    /// 100: near-uniform over the vocabulary) makes the two comparable (docs/BENCHMARKS.md).
+    #[arg(long, default_value_t = 0.0)]
+    pub decode_temperature: f32,
     /// Rounds of the interleaved batch-1 roofline measurement (default 5; 2 with --quick; 0 to
     /// skip): each round probes the read bandwidth, then times decode steps right after it, so
     /// the bandwidth fraction compares the two under the same host conditions.
