@@ -118,9 +118,10 @@ pub struct BenchArgs {
     #[arg(long)]
     pub long_steps: Option<usize>,
     /// Engine bench: sampling temperature of the batched decode measurement (0 = greedy).
-    /// Greedy continuations of a batch's prompts reach fewer distinct experts than the random
-    /// token per sequence and step that `llama-batched-bench` feeds; a high temperature (e.g.
-    /// 100: near-uniform over the vocabulary) makes the two comparable (docs/BENCHMARKS.md).
+    /// Greedy continuations and the random token per sequence and step that
+    /// `llama-batched-bench` feeds reach different numbers of distinct experts (on the widened
+    /// target greedy reaches more); a high temperature (e.g. 100: near-uniform over the
+    /// vocabulary) makes the two token streams alike (docs/BENCHMARKS.md).
     #[arg(long, default_value_t = 0.0)]
     pub decode_temperature: f32,
     /// Rounds of the interleaved batch-1 roofline measurement (default 5; 2 with --quick; 0 to
