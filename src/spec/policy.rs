@@ -360,6 +360,7 @@ pub fn choose_k_rates(
     // A drafter without a model (n-gram) is never timed: it costs nothing.
     let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
     let b = batch.max(1) as f64;
+    // (k, rate): k = 0 holds the bar a k > 0 must beat (plain's rate plus the hurdle)
     let mut best = (0usize, 0.0f64);
     let mut plain = 0.0;
     for k in 0..=k_max {
@@ -376,9 +377,6 @@ pub fn choose_k_rates(
         } else if rate > best.1 * (1.0 + 1e-9) {
             best = (k, rate);
         }
-    }
-    if best.0 == 0 {
-        best.1 = plain;
     }
     let saved = if best.0 == 0 || plain <= 0.0 {
         0.0

@@ -391,12 +391,10 @@ impl Submitted {
 
     /// Submit the requests due before the next step.
     pub fn arrive(&mut self, engine: &Engine) -> Result<()> {
-        while let Some(r) = self.pending.pop_front() {
-            let due = self.every == 0 || self.steps >= self.ids.len() * self.every;
-            if !due {
-                self.pending.push_front(r);
-                break;
-            }
+        while !self.pending.is_empty()
+            && (self.every == 0 || self.steps >= self.ids.len() * self.every)
+        {
+            let r = self.pending.pop_front().expect("not empty");
             self.ids.push(engine.submit(r)?);
         }
         Ok(())
