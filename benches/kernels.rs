@@ -73,6 +73,14 @@ fn bf16_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
     Matrix::from_bf16(rows, cols, d)
 }
 
+fn f16_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
+    // Values in about [-1, 1): sign + exponent 14 + random mantissa.
+    let d: Vec<half::f16> = bits(seed, rows * cols)
+        .map(|b| half::f16::from_bits(((b & 0x83ff) as u16) | 0x3800))
+        .collect();
+    Matrix::from_f16(rows, cols, d)
+}
+
 fn fp8_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
     let d: Vec<u8> = bits(seed, rows * cols).map(|b| (b as u8) & 0xbf).collect(); // no NaN encodings
     let ns = rows.div_ceil(128) * cols.div_ceil(128);
@@ -106,6 +114,9 @@ fn main() {
     if std::env::args().any(|a| a == "smalln-dense") {
         // a dense MLP's down projection over 12288 columns (the widened target's layer 0)
         return small_n(1536, 12288, 4);
+    }
+    if std::env::args().any(|a| a == "f16") {
+        return f16_walk();
     }
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
@@ -293,6 +304,104 @@ fn l2_probe() {
             if fp8 { "fp8" } else { "bf16" },
             200.0 * w.nbytes() as f64 / t / 1e9
         );
+    }
+}
+
+/// `cargo bench --bench kernels -- f16`: one-token GEMV of f16 vs bf16 weights of the same shapes,
+/// alternated per round (15 rounds, median GB/s of weights, 2 threads, the default ISA): a walk
+/// over the widened target's decode shapes (1536 x 12288, 12288 x 1536, 16 experts of 768 x 1536
+/// and 1536 x 768; ~150 MB per dtype, DRAM-resident), then one thread over a 256 x 1536 matrix
+/// (L2-resident: the kernel's compute rate with memory out of the way).
+fn f16_walk() {
+    let mk = |f16: bool, seed, r, c| {
+        if f16 {
+            f16_matrix(seed, r, c)
+        } else {
+            bf16_matrix(seed, r, c)
+        }
+    };
+    let shapes: Vec<(usize, usize)> = [(1536, 12288), (12288, 1536)]
+        .into_iter()
+        .chain((0..16).flat_map(|_| [(768, 1536), (1536, 768)]))
+        .collect();
+    for (label, threads, shapes, inner) in [
+        ("DRAM walk", 2, shapes, 1),
+        ("L2 256x1536", 1, vec![(256, 1536)], 400),
+    ] {
+        let p = pool(threads);
+        let ws: [Vec<Matrix>; 2] = [false, true].map(|f| {
+            shapes
+                .iter()
+                .enumerate()
+                .map(|(i, &(r, c))| mk(f, 500 + i as u64, r, c))
+                .collect()
+        });
+        let bytes: usize = ws[0].iter().map(Matrix::nbytes).sum();
+        let mut rates = [Vec::new(), Vec::new()];
+        for round in 0..16 {
+            for (k, set) in ws.iter().enumerate() {
+                let t = Instant::now();
+                p.install(|| {
+                    for _ in 0..inner {
+                        for w in set {
+                            let x = vec![0.25f32; w.cols];
+                            let mut y = vec![0.0f32; w.rows];
+                            matmul(w, black_box(&x), 1, &mut y);
+                            black_box(&y);
+                        }
+                    }
+                });
+                if round > 0 {
+                    rates[k].push((inner * bytes) as f64 / t.elapsed().as_secs_f64() / 1e9);
+                }
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        let (b, f) = (med(&mut rates[0]), med(&mut rates[1]));
+        println!(
+            "{label} ({threads} thr, {:.1} MB per dtype): bf16 {b:6.1} GB/s, f16 {f:6.1} GB/s (medians of 15 alternated), f16/bf16 {:.2}x",
+            bytes as f64 / 1e6,
+            f / b
+        );
+    }
+    // Several tokens: f16 products of the widened target's prefill shapes on every SIMD level
+    // (the exact levels' 8-lane order, the avx512bf16 level's 64-lane one), 2 threads, best of 5.
+    for (rows, cols, ns) in [
+        (2048, 2048, &[2usize, 9, 64, 512][..]),
+        (12288, 1536, &[512][..]),
+        (1536, 12288, &[512][..]),
+        (768, 1536, &[48][..]),
+        (1536, 768, &[48][..]),
+    ] {
+        let w = f16_matrix(600, rows, cols);
+        for &n in ns {
+            let x: Vec<f32> = bits(7, n * cols)
+                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+                .collect(); // [n, cols]
+            let mut y = vec![0.0f32; n * rows]; // [n, rows]
+            let reps = (512 / n).max(1);
+            let line: Vec<String> = Isa::available()
+                .into_iter()
+                .filter(|i| i.simd())
+                .map(|isa| {
+                    let t = pool_isa(2, isa).install(|| {
+                        best_of(5, || {
+                            for _ in 0..reps {
+                                matmul(&w, black_box(&x), n, &mut y)
+                            }
+                        })
+                    }) / reps as f64;
+                    format!("{isa} {:6.1}", 2.0 * (rows * cols * n) as f64 / t / 1e9)
+                })
+                .collect();
+            println!(
+                "f16 {rows}x{cols} n={n:3}, GFLOP/s (2 thr): {}",
+                line.join(", ")
+            );
+        }
     }
 }
 

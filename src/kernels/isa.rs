@@ -15,8 +15,10 @@
 //! everything else on `amx` is the `avx512` code. `avx512bf16` runs bf16 matmuls (and fp8
 //! ones with 64-column blocks where the CPU has AVX512-VBMI: e4m3 is exact in bf16) on
 //! `vdpbf16ps` with the activations rounded to bf16 (`gemm/bf16dot.rs`: llama.cpp's contract,
-//! an error up to 2^-9 of sum |w x| per output, also stated by the tests); everything else on it is
-//! the `avx512` code.
+//! an error up to 2^-9 of sum |w x| per output, also stated by the tests), and f16 matmuls with
+//! 64-column multiples in a 64-lane f32 order (`gemm/f16x64.rs`: exact products, one weight
+//! stream per thread in decode; within the AMX path's 1e-6 bound of the exact levels); everything
+//! else on it is the `avx512` code.
 //!
 //! `auto` picks the fastest level the CPU has, `avx512bf16` included: bf16 weights times
 //! bf16-rounded activations is the contract of a bf16 checkpoint everywhere else (transformers in
@@ -195,7 +197,8 @@ impl Isa {
     pub fn amx(&self) -> bool {
         self.level >= IsaLevel::Amx
     }
-    /// True when bf16 matmuls run on `vdpbf16ps` with bf16-rounded activations.
+    /// True when bf16 matmuls run on `vdpbf16ps` with bf16-rounded activations (and f16 ones
+    /// in the 64-lane order of `gemm/f16x64.rs`).
     pub fn bf16_dot(&self) -> bool {
         self.level == IsaLevel::Avx512Bf16
     }
@@ -217,7 +220,7 @@ impl Isa {
             IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
             IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
             IsaLevel::Avx512Bf16 => format!(
-                "avx512bf16 (AVX512-BF16 vdpbf16ps for bf16 matmuls at every token count, activations rounded to bf16, 1 row x 1 token (fp8: 8 rows), 1 row x 2-6 tokens where their activations fit L1, 3 rows x 7 or 2 rows x 8-9 tokens (rows of 1024-1536 columns at 9 tokens) or 4 rows x 6 tokens per register tile{}; everything else as {})",
+                "avx512bf16 (AVX512-BF16 vdpbf16ps for bf16 matmuls at every token count, activations rounded to bf16, 1 row x 1 token (fp8: 8 rows), 1 row x 2-6 tokens where their activations fit L1, 3 rows x 7 or 2 rows x 8-9 tokens (rows of 1024-1536 columns at 9 tokens) or 4 rows x 6 tokens per register tile{}; f16 matmuls in a 64-lane f32 order, 1 row x 1-6 tokens or 4 rows x 6 tokens in quarter passes; everything else as {})",
                 if self.vbmi() { "; fp8 e4m3 with 64-column blocks too, decoded to bf16 by VBMI byte lookups" } else { "" },
                 Isa { level: IsaLevel::Avx512 }.describe()
             ),

@@ -305,7 +305,9 @@ fn batch_invariance_bitwise_portable() {
 /// product sum: a few ulps of the magnitude; 1e-6 leaves a margin of ~10x) — and the
 /// `avx512bf16` level's `vdpbf16ps` path (same bf16 weights, and fp8 weights with 64-column
 /// groups): the activations are rounded to bf16 (relative error <= 2^-9 each; the weights are
-/// exact in bf16), so each element is within `BF16_DOT_REL_TOL * sum |w * x|`.
+/// exact in bf16), so each element is within `BF16_DOT_REL_TOL * sum |w * x|`. That level's
+/// f16 path (f16 weights, columns a multiple of 64: `gemm/f16x64.rs`) has exact products in
+/// another f32 order, bounded like the AMX path.
 #[test]
 fn simd_and_portable_bitwise_equal() {
     const AMX_REL_TOL: f64 = 1e-6;
@@ -331,9 +333,11 @@ fn simd_and_portable_bitwise_equal() {
                 for isa in Isa::available() {
                     let mut ys = vec![0.0f32; n * rows]; // [n, rows]
                     matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut ys);
+                    let f16x64 = super::gemm::takes_f16x64(isa, WRef::of(&w), cols);
                     let tiles = (isa.amx() && matches!(kind, Kind::Bf16) && cols % 32 == 0)
-                        || super::gemm::takes_bf16_dot(isa, WRef::of(&w), cols);
-                    let tol = if isa.bf16_dot() {
+                        || super::gemm::takes_bf16_dot(isa, WRef::of(&w), cols)
+                        || f16x64;
+                    let tol = if isa.bf16_dot() && !f16x64 {
                         BF16_DOT_REL_TOL
                     } else {
                         AMX_REL_TOL
@@ -630,6 +634,50 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
                         b.to_bits(),
                         "{isa} streamed span {span} rows {rows} width {width} keys {keys} at {i}"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The `avx512bf16` level's f16 path computes every element in the order its module defines
+/// (`f16x64::reference`, portable Rust), bitwise, at every token count and tile shape: one token,
+/// one-row tiles of 2..=6 (activations in L1), two-row tiles in token blocks (activations past
+/// L1, several blocks, row tails of 1), on 1 and 3 threads.
+#[test]
+fn f16x64_path_is_its_reference_order() {
+    let Some(isa) = Isa::new(IsaLevel::Avx512Bf16) else {
+        eprintln!("no avx512bf16 level on this CPU: f16x64 path not run");
+        return;
+    };
+    let mut rng = Rng(21);
+    for (rows, cols, ns) in [
+        (37, 64, &[1usize, 2, 5, 6, 7, 13, 100][..]),
+        (130, 1024, &[1, 3, 6, 7, 9, 64, 65, 70][..]),
+        (5, 4096, &[1, 2, 17, 33][..]),
+    ] {
+        let w = random_matrix(&mut rng, Kind::F16, rows, cols);
+        let MatrixData::F16(wd) = &w.data else {
+            unreachable!()
+        };
+        assert!(super::gemm::takes_f16x64(isa, WRef::of(&w), cols));
+        for &n in ns {
+            let x = rng.vec(n * cols); // [n, cols]
+            for threads in [1, 3] {
+                let mut y = vec![0.0f32; n * rows]; // [n, rows]
+                pool(threads).install(|| matmul_with(isa, WRef::of(&w), rows, cols, &x, n, &mut y));
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want = super::gemm::f16x64_reference(
+                            &wd[r * cols..(r + 1) * cols],
+                            &x[t * cols..(t + 1) * cols],
+                        );
+                        assert_eq!(
+                            y[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "{rows}x{cols} n={n} t={t} r={r} threads={threads}"
+                        );
+                    }
                 }
             }
         }

@@ -17,7 +17,8 @@
 //! path of `amx.rs` at every n instead (its own fixed order; see there); on the `avx512bf16`
 //! level they take the `vdpbf16ps` path of `bf16dot.rs` (bf16-rounded activations; see there),
 //! and so do fp8 weights whose columns and block columns are multiples of 64 where the CPU has
-//! AVX512-VBMI (each e4m3 value is exact in bf16).
+//! AVX512-VBMI (each e4m3 value is exact in bf16); f16 weights whose column count is a multiple
+//! of 64 take the 64-lane path of `f16x64.rs` there (exact products, its own f32 order).
 
 use rayon::prelude::*;
 
@@ -29,6 +30,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod bf16dot;
+#[cfg(target_arch = "x86_64")]
+mod f16x64;
 
 use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};
@@ -206,6 +209,23 @@ fn check_fp8_shape(w: WRef<'_>, rows: usize, cols: usize) {
     }
 }
 
+/// Whether matmuls of `w` run on the 64-lane f16 path (`f16x64.rs`) at `isa`: the
+/// `avx512bf16` level's f16 weights with columns a multiple of 64.
+pub(crate) fn takes_f16x64(isa: Isa, w: WRef<'_>, cols: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        f16x64::applies(isa, w, cols)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, w, cols);
+        false
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) use f16x64::reference as f16x64_reference;
+
 /// Whether matmuls of `w` run on the `vdpbf16ps` path (bf16-rounded activations) at `isa`: the
 /// `avx512bf16` level's bf16 weights with columns a multiple of 32, fp8 with columns and block
 /// columns a multiple of 64 (and AVX512-VBMI). Tests use it to pick their bound.
@@ -315,11 +335,25 @@ fn matmul_call(
     // Once per call: the AMX / bf16-dot paths read bf16 operands, the other AVX-512
     // multi-token kernels the activations packed in token pairs.
     let packed_b = pack_bf16_operand(isa, w, cols, x, n, &mut bufs.b);
-    let packed_x = packed_b == 0 && isa.avx512() && n > 1;
+    let packed_x = packed_b == 0 && isa.avx512() && n > 1 && !takes_f16x64(isa, w, cols);
     if packed_x {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut bufs.x); // [pairs, pair_stride]
     }
-    let xpack = if packed_x { bufs.x.as_slice() } else { &[] };
+    #[cfg(target_arch = "x86_64")]
+    let packed_q = takes_f16x64(isa, w, cols) && f16x64::packs_x(n, cols);
+    #[cfg(not(target_arch = "x86_64"))]
+    let packed_q = false;
+    #[cfg(target_arch = "x86_64")]
+    if packed_q {
+        f16x64::pack_quarters(x, n, cols, bufs.x.reuse(n * cols)); // [4, n, cols / 64, 16]
+    }
+    let xpack = if packed_q {
+        &bufs.x.as_slice()[..n * cols]
+    } else if packed_x {
+        bufs.x.as_slice()
+    } else {
+        &[]
+    };
     let bpack = &bufs.b.as_u16()[..packed_b];
     let job = Job {
         isa,
@@ -433,7 +467,8 @@ struct Job<'a> {
     x: &'a [f32], // [n, cols]
     n: usize,
     rb: usize,
-    /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), pair_stride]; else empty.
+    /// AVX-512 with n > 1: x packed in token pairs [ceil(n / 2), pair_stride]; the f16x64 path's
+    /// quarter-pass tiles: x packed by quarters [4, n, cols / 64, 16]; else empty.
     xpack: &'a [f32],
     /// Rows of the whole weight matrix (the AMX path prefetches only inside it).
     rows_total: usize,
@@ -474,6 +509,8 @@ impl Job<'_> {
         // The bf16-dot path writes y itself (a token stride in its tiles): no copy at all.
         #[cfg(target_arch = "x86_64")]
         let direct = !self.bpack.is_empty() && self.isa.bf16_dot();
+        #[cfg(target_arch = "x86_64")]
+        let f16_direct = f16x64::applies(self.isa, self.w, self.cols);
         let block = |bi: usize, s: &mut Scratch| {
             let r0 = bi * rb;
             let nr = rb.min(rows - r0);
@@ -484,6 +521,13 @@ impl Job<'_> {
                 // (r0 + i, t) at y[t * rows + r0 + i], i < nr, t < n: inside y ([n, rows]) and
                 // in columns no other block writes; y is not read before every block is done.
                 unsafe { self.row_block_bf16dot_at(r0, nr, out.ptr.add(r0), (1, rows)) };
+                return;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if f16_direct {
+                // SAFETY: f16x64::applies only on the avx512bf16 level (AVX-512 + F16C present)
+                // for f16 weights; elements written as by the bf16-dot path above.
+                unsafe { self.row_block_f16x64_at(r0, nr, out.ptr.add(r0), (1, rows)) };
                 return;
             }
             let run = |blk: &mut Vec<f32>| {
@@ -561,6 +605,13 @@ impl Job<'_> {
 
     /// As `row_block`, reading weight rows from `wr0` on (differs from r0 only for `deq`).
     fn row_block_at(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
+        #[cfg(target_arch = "x86_64")]
+        if f16x64::applies(self.isa, self.w, self.cols) {
+            // SAFETY: applies holds only on the avx512bf16 level (AVX-512 F/BW/DQ/VL + F16C
+            // detected) for f16 weights with 64-column chunks.
+            unsafe { self.row_block_f16x64(wr0, out) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if !self.bpack.is_empty() {
             if self.isa.bf16_dot() {
