@@ -42,7 +42,7 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
         matmul(&e.down, act, n, &mut y);
     };
     if n * e.gate.rows > MLP_SCRATCH_KEEP {
-        // prompt chunks: fresh buffers, so no thread keeps tens of MB after a prefill
+        // past the cap: fresh buffers, so no thread keeps hundreds of MB after a prefill
         run(&mut MlpScratch::default());
         return y;
     }
@@ -50,9 +50,14 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
     y
 }
 
-/// Largest [n, inter] a thread keeps in its [`MlpScratch`] (floats per buffer: 4 MB): decode
-/// steps and verifications of up to ~64 tokens of a 16K-wide MLP.
-const MLP_SCRATCH_KEEP: usize = 1 << 20;
+/// Largest [n, inter] a thread keeps in its [`MlpScratch`] (floats per buffer: 64 MB, so at most
+/// 192 MB per thread that runs forwards): a whole prompt chunk ([`MLP_TOKEN_CHUNK`] tokens) of
+/// an MLP up to 32K wide. Fresh buffers per chunk (the cap was 4 MB) cost the widened target's
+/// prefill 188 MB of newly faulted, kernel-zeroed pages per 512 tokens (`clear_page_erms` was
+/// the second-largest symbol of a prefill profile); kept, prefill measured 1.06-1.11x at 512
+/// tokens and 1.05-1.09x at 2048 (four alternated pairs, BENCHMARKS.md "Prefill scratch kept"),
+/// peak RSS +32 MB (the buffers exist at the peak either way).
+const MLP_SCRATCH_KEEP: usize = 1 << 24;
 
 /// Per-thread intermediates of [`mlp`] ([n, inter] gate, up and activation), kept for the
 /// next call: a wide MLP's are hundreds of KB to tens of MB (16 x 12288 floats at batch 16,
