@@ -287,9 +287,10 @@ fn batch_invariance_bitwise_simd() {
             // 1024 columns: the avx512bf16 level's single-pass tiles at 7..=9 tokens (3 x 7,
             // 2 x 8, 2 x 9, a row tail of 1), the two-pass tiles around them.
             check_batch_invariance(isa, kind, 37, 1024, &small, &[1, 2]);
-            // Rows past 2048 columns: the avx512bf16 level's column-blocked 4 x 6 tiles (two
-            // full column blocks and a partial one; token tiles of 1..6, several token blocks).
+            // Rows past 2048 columns (4 x n and 4 x 6 tiles whose rows do not fit L1; several
+            // token blocks).
             check_batch_invariance(isa, kind, 37, 2112, &small, &[1, 2]);
+            check_batch_invariance(isa, kind, 37, 2112, &[49, 64, 101], &[1, 3]);
             check_batch_invariance(isa, kind, 9, 4160, &[7, 17, 49, 50], &[1, 3]);
         }
     }

@@ -18,8 +18,7 @@
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 1 x 1 for one token, 8 x 1
 //! for one token of fp8; 1 x n for 2..=6 tokens whose activations fit L1;
 //! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights; 4 x 6 passes
-//! otherwise, over column blocks of 1024 for rows past 2048 columns, the accumulators kept
-//! between blocks) change only which elements are computed together.
+//! otherwise) change only which elements are computed together.
 //!
 //! fp8 (`tile_fp8`, `convert_fp8_rows`): every e4m3 value is exact in bf16, so a 64-byte group
 //! of weights becomes two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high
@@ -56,18 +55,6 @@ const MR1: usize = 1;
 /// Rows per register tile of the one-token fp8 path (its conversion hides the chain latency;
 /// not re-measured with one row).
 const MR1_FP8: usize = 8;
-/// Rows of more chunks than this (2048 columns) take the column-blocked token tiles
-/// ([`token_tiles_blocked`]).
-const LONG_ROW_CHUNKS: usize = 64;
-/// Chunks per column block of those tiles (1024 columns: 4 weight rows x 2 KB and 6 tokens x
-/// 2 KB of activations in L1).
-const COL_BLOCK_CHUNKS: usize = 32;
-/// Activation bytes per token block for those rows (18 tokens of 12288 columns, 42 of 6144):
-/// a 48-token block of 12288 columns is 1.2 MB of bf16, past the 1 MB L2, so every row tile
-/// re-read it from L3. With both changes the widened target's 512-token prefill measured
-/// 1.00-1.09x (median 1.035x) of the binary before, 2048 tokens 0.95-1.16x (1.006x), eight
-/// alternated pairs on Zen 5 (BENCHMARKS.md "Long rows in column blocks").
-const LONG_ROW_X_BYTES: usize = 512 * 1024;
 /// Tokens per token block: a block's packed activations ([48, cols] bf16) stay in L2 while
 /// the row tiles of a row block sweep them.
 const TOKEN_BLOCK: usize = 48;
@@ -304,53 +291,6 @@ unsafe fn tile<const R: usize, const T: usize>(
     }
 }
 
-/// Chunks [c0, c1) of a register tile (as [`tile`]) into the accumulators at `acc`: `[R, T]`
-/// registers, read first and written back, so a row can be swept in column blocks with the
-/// same per-element sequence (a store and reload is exact).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile_span<const R: usize, const T: usize>(
-    w: *const u16,
-    ws: usize,
-    x: *const u16,
-    xs: usize,
-    (c0, c1): (usize, usize),
-    acc: *mut __m512,
-    pf: *const u16,
-    pf_rows: usize,
-) {
-    let mut a = [[_mm512_setzero_ps(); T]; R];
-    for i in 0..R {
-        for j in 0..T {
-            a[i][j] = *acc.add(i * T + j);
-        }
-    }
-    for c in c0..c1 {
-        let off = c * K_CHUNK;
-        for r in 0..pf_rows {
-            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, false);
-        }
-        let mut xv = [_mm512_setzero_si512(); T];
-        for (j, v) in xv.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(x.add(j * xs + off) as *const _);
-        }
-        for (i, ai) in a.iter_mut().enumerate() {
-            let wv: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(w.add(i * ws + off) as *const _));
-            for j in 0..T {
-                ai[j] =
-                    _mm512_dpbf16_ps(ai[j], wv, std::mem::transmute::<__m512i, __m512bh>(xv[j]));
-            }
-        }
-    }
-    for i in 0..R {
-        for j in 0..T {
-            *acc.add(i * T + j) = a[i][j];
-        }
-    }
-}
-
 /// The token tiles [tb0, tb1) of one row tile (`m` rows, 4 or 1, from `w` with row stride
 /// `cols`; x: the packed tokens, `out`: the tile's first output, element (row i, token t) at
 /// `out[i * rs + t * ts]`): one `tile` per
@@ -370,9 +310,6 @@ unsafe fn token_tiles(
     pf_rows: usize,
 ) {
     let nk = cols / K_CHUNK;
-    if nk > LONG_ROW_CHUNKS {
-        return token_tiles_blocked(w, m, cols, x, (tb0, tb1), out, (rs, ts), pf, pf_rows);
-    }
     let mut t0 = tb0;
     while t0 < tb1 {
         let nt = NT.min(tb1 - t0);
@@ -387,63 +324,6 @@ unsafe fn token_tiles(
             };
         }
         go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
-        t0 += nt;
-    }
-}
-
-/// [`token_tiles`] for rows longer than [`LONG_ROW_CHUNKS`] chunks: the row tile is swept in
-/// column blocks of [`COL_BLOCK_CHUNKS`], every token tile of the block over one column block
-/// before the next, each tile's accumulators kept in `accs` between blocks. A block's weights
-/// (4 rows x 2 KB) then stay in L1 across the token tiles instead of coming from L2 for each
-/// (a 4-row tile of 12288 columns is 96 KB); every element still takes its chunks in order from
-/// a zero accumulator, then [`hsum16`]: the bits of [`tile`].
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn token_tiles_blocked(
-    w: *const u16,
-    m: usize,
-    cols: usize,
-    x: *const u16,
-    (tb0, tb1): (usize, usize),
-    out: *mut f32,
-    (rs, ts): (usize, usize),
-    pf: *const u16,
-    pf_rows: usize,
-) {
-    debug_assert!(tb1 - tb0 <= TOKEN_BLOCK && m <= MR);
-    let nk = cols / K_CHUNK;
-    // [token tiles of the block, m, nt] accumulators
-    let mut accs = [_mm512_setzero_ps(); MR * TOKEN_BLOCK];
-    let acc = accs.as_mut_ptr();
-    for k0 in (0..nk).step_by(COL_BLOCK_CHUNKS) {
-        let k1 = (k0 + COL_BLOCK_CHUNKS).min(nk);
-        let mut t0 = tb0;
-        while t0 < tb1 {
-            let nt = NT.min(tb1 - t0);
-            let pf_rows = if t0 == tb0 { pf_rows } else { 0 };
-            let (xp, ap) = (x.add(t0 * cols), acc.add((t0 - tb0) * MR));
-            macro_rules! go {
-                ($($r:literal, $t:literal);*) => {
-                    match (m, nt) {
-                        $(($r, $t) => tile_span::<$r, $t>(w, cols, xp, cols, (k0, k1), ap, pf, pf_rows),)*
-                        _ => unreachable!("bf16-dot tile {m}x{nt}"),
-                    }
-                };
-            }
-            go!(4, 6; 4, 5; 4, 4; 4, 3; 4, 2; 4, 1; 1, 6; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1);
-            t0 += nt;
-        }
-    }
-    let mut t0 = tb0;
-    while t0 < tb1 {
-        let nt = NT.min(tb1 - t0);
-        let ap = acc.add((t0 - tb0) * MR);
-        for i in 0..m {
-            for j in 0..nt {
-                *out.add(i * rs + (t0 + j) * ts) = hsum16(*ap.add(i * nt + j));
-            }
-        }
         t0 += nt;
     }
 }
@@ -748,14 +628,8 @@ impl Job<'_> {
             }
             return;
         }
-        // long rows: as many tokens as keep their activations in L2 (whole token tiles)
-        let tb = if nk > LONG_ROW_CHUNKS {
-            (LONG_ROW_X_BYTES / (cols * 2) / NT * NT).clamp(NT, TOKEN_BLOCK)
-        } else {
-            TOKEN_BLOCK
-        };
-        for tb0 in (0..n).step_by(tb) {
-            let tb1 = (tb0 + tb).min(n);
+        for tb0 in (0..n).step_by(TOKEN_BLOCK) {
+            let tb1 = (tb0 + TOKEN_BLOCK).min(n);
             let mut i0 = 0;
             let mr = if one_row_tiles(n, cols) { 1 } else { MR };
             while i0 < nrows {
