@@ -647,8 +647,9 @@ fn weighted_sum_rows_is_the_axpy_loop_on_every_isa() {
 
 /// The `avx512bf16` level's f16 path computes every element in the order its module defines
 /// (`f16x64::reference`, portable Rust), bitwise, at every token count and tile shape: one token,
-/// one-row tiles of 2..=6 (activations in L1), two-row tiles in token blocks (activations past
-/// L1, several blocks, row tails of 1), on 1 and 3 threads.
+/// one-row tiles of 2..=6 (activations in L1), the 4 x 6 quarter-pass tiles (activations past
+/// L1: partial token tiles, several token blocks, two column blocks, row tails of 1), on 1 and 3
+/// threads.
 #[test]
 fn f16x64_path_is_its_reference_order() {
     let Some(isa) = Isa::new(IsaLevel::Avx512Bf16) else {
