@@ -55,8 +55,8 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
 /// an MLP up to 32K wide. Fresh buffers per chunk (the cap was 4 MB) cost the widened target's
 /// prefill 188 MB of newly faulted, kernel-zeroed pages per 512 tokens (`clear_page_erms` was
 /// the second-largest symbol of a prefill profile); kept, prefill measured 1.06-1.11x at 512
-/// tokens and 1.05-1.09x at 2048 (four alternated pairs, BENCHMARKS.md "Prefill: the MLP scratch kept"),
-/// peak RSS +32 MB (the buffers exist at the peak either way).
+/// tokens and 1.05-1.09x at 2048 (four alternated pairs; BENCHMARKS.md "Prefill: the MLP
+/// scratch kept"), peak RSS +32 MB in the bench, +67 MB generating after a 512-token prompt.
 const MLP_SCRATCH_KEEP: usize = 1 << 24;
 
 /// Per-thread intermediates of [`mlp`] ([n, inter] gate, up and activation), kept for the
