@@ -33,9 +33,7 @@ fn isa_gemm() {
     let (rows, cols) = (2048, 2048);
     let w = bf16_matrix(4, rows, cols);
     for n in [4, 16, 64, 512] {
-        let x: Vec<f32> = bits(5, n * cols)
-            .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
-            .collect(); // [n, cols]
+        let x: Vec<f32> = activations(5, n * cols); // [n, cols]
         let mut y = vec![0.0f32; n * rows]; // [n, rows]
         let flops = 2.0 * (rows * cols * n) as f64;
         for isa in Isa::available() {
@@ -85,6 +83,19 @@ fn fp8_matrix(seed: u64, rows: usize, cols: usize) -> Matrix {
     let d: Vec<u8> = bits(seed, rows * cols).map(|b| (b as u8) & 0xbf).collect(); // no NaN encodings
     let ns = rows.div_ceil(128) * cols.div_ceil(128);
     Matrix::from_fp8(rows, cols, d, vec![0.01; ns], 128, 128)
+}
+
+/// `len` activations in about [-0.4, 0.45), from `bits(seed, ..)`.
+fn activations(seed: u64, len: usize) -> Vec<f32> {
+    bits(seed, len)
+        .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
+        .collect()
+}
+
+/// The median of `v` (sorted in place; not empty).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
 }
 
 /// Best wall time of `reps` runs of `f`, in seconds.
@@ -217,9 +228,7 @@ fn main() {
     // GEMM: bf16 2048x7168 at several batch sizes, 1 and 2 threads.
     let w = bf16_matrix(4, 2048, 7168);
     for n in [2, 4, 16, 64, 512] {
-        let x: Vec<f32> = bits(5, n * 7168)
-            .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
-            .collect(); // [n, cols]
+        let x: Vec<f32> = activations(5, n * 7168); // [n, cols]
         let mut y = vec![0.0f32; n * 2048]; // [n, rows]
         let flops = 2.0 * (2048 * 7168 * n) as f64;
         let reps = if n >= 512 { 2 } else { 5 };
@@ -337,30 +346,27 @@ fn f16_walk() {
                 .collect()
         });
         let bytes: usize = ws[0].iter().map(Matrix::nbytes).sum();
+        // one [cols] input and one [rows] output per matrix (both dtypes share the shapes)
+        let xs: Vec<Vec<f32>> = ws[0].iter().map(|w| vec![0.25f32; w.cols]).collect();
+        let mut ys: Vec<Vec<f32>> = ws[0].iter().map(|w| vec![0.0f32; w.rows]).collect();
         let mut rates = [Vec::new(), Vec::new()];
         for round in 0..16 {
             for (k, set) in ws.iter().enumerate() {
                 let t = Instant::now();
                 p.install(|| {
                     for _ in 0..inner {
-                        for w in set {
-                            let x = vec![0.25f32; w.cols];
-                            let mut y = vec![0.0f32; w.rows];
-                            matmul(w, black_box(&x), 1, &mut y);
-                            black_box(&y);
+                        for ((w, x), y) in set.iter().zip(&xs).zip(ys.iter_mut()) {
+                            matmul(w, black_box(x), 1, y);
                         }
                     }
                 });
+                black_box(&ys);
                 if round > 0 {
                     rates[k].push((inner * bytes) as f64 / t.elapsed().as_secs_f64() / 1e9);
                 }
             }
         }
-        let med = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let (b, f) = (med(&mut rates[0]), med(&mut rates[1]));
+        let (b, f) = (median(&mut rates[0]), median(&mut rates[1]));
         println!(
             "{label} ({threads} thr, {:.1} MB per dtype): bf16 {b:6.1} GB/s, f16 {f:6.1} GB/s (medians of 15 alternated), f16/bf16 {:.2}x",
             bytes as f64 / 1e6,
@@ -378,9 +384,7 @@ fn f16_walk() {
     ] {
         let w = f16_matrix(600, rows, cols);
         for &n in ns {
-            let x: Vec<f32> = bits(7, n * cols)
-                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
-                .collect(); // [n, cols]
+            let x: Vec<f32> = activations(7, n * cols); // [n, cols]
             let mut y = vec![0.0f32; n * rows]; // [n, rows]
             let reps = (512 / n).max(1);
             let line: Vec<String> = Isa::available()
@@ -421,9 +425,7 @@ fn small_n(rows: usize, cols: usize, count: u64) {
         let p = pool_isa(2, isa);
         let mut t1 = 0.0;
         for n in [1, 2, 3, 4, 5, 8, 9, 16] {
-            let x: Vec<f32> = bits(5, n * cols)
-                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
-                .collect(); // [n, cols]
+            let x: Vec<f32> = activations(5, n * cols); // [n, cols]
             let mut y = vec![0.0f32; n * rows]; // [n, rows]
             let t = p.install(|| {
                 best_of(5, || {
@@ -464,9 +466,7 @@ fn prefetch_hints() {
         ws.extend((0..16).map(|e| mk(300 + e, 1408, 2048)));
         let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
         for n in [1usize, 2, 9] {
-            let x: Vec<f32> = bits(9, n * 2048)
-                .map(|b| (b >> 40) as f32 / 2e7 - 0.4)
-                .collect(); // [n, 2048]
+            let x: Vec<f32> = activations(9, n * 2048); // [n, 2048]
             let mut ys: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0f32; n * w.rows]).collect();
             let mut rates = [Vec::new(), Vec::new()];
             let mut outs: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
@@ -487,11 +487,7 @@ fn prefetch_hints() {
                 }
             }
             assert_eq!(outs[0], outs[1], "prefetch hints changed results");
-            let med = |v: &mut Vec<f64>| {
-                v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-                v[v.len() / 2]
-            };
-            let (l1, l2) = (med(&mut rates[0]), med(&mut rates[1]));
+            let (l1, l2) = (median(&mut rates[0]), median(&mut rates[1]));
             println!(
                 "{} n={n}: L1 hint {l1:5.1} GB/s, L2 hint {l2:5.1} GB/s (median of 7 alternated), L2/L1 {:.2}x",
                 if fp8 { "fp8 " } else { "bf16" },
