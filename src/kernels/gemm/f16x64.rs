@@ -110,50 +110,42 @@ unsafe fn hsum64(a: &[__m512; 4]) -> f32 {
     ))
 }
 
-/// One register tile: rows `w + i * ws` (i < R) times tokens `x + j * xs` (j < T), all `nk`
-/// chunks, into `out[i * rs + j * ts]`. With `pf_rows` > 0, also prefetches that many rows from
-/// `pf` at the same columns (the next row tile, streamed while this one is read).
+/// One row `w` times tokens `x + j * xs` (j < T), all `nk` chunks, into `out[j * ts]`, each
+/// element's four chains in registers (one pass over the row: the one-stream tile). With `pf`
+/// non-null, also prefetches the row there at the same columns (the next row, streamed while
+/// this one is read).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
-unsafe fn tile<const R: usize, const T: usize>(
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile<const T: usize>(
     w: *const half::f16,
-    ws: usize,
     x: *const f32,
     xs: usize,
     nk: usize,
     out: *mut f32,
-    (rs, ts): (usize, usize),
+    ts: usize,
     pf: *const half::f16,
-    pf_rows: usize,
 ) {
     // As the bf16-dot tiles: the process-wide hint for one token, the L1 for several.
     let l2 = T == 1 && prefetch_to_l2();
-    let mut acc = [[[_mm512_setzero_ps(); 4]; T]; R];
+    let mut acc = [[_mm512_setzero_ps(); 4]; T];
     for c in 0..nk {
         let off = c * K_CHUNK;
-        for r in 0..pf_rows {
-            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
-            prefetch_line(pf.wrapping_add(r * ws + off + 32) as *const i8, l2);
+        if !pf.is_null() {
+            prefetch_line(pf.wrapping_add(off) as *const i8, l2);
+            prefetch_line(pf.wrapping_add(off + 32) as *const i8, l2);
         }
         for q in 0..4 {
             let o = off + 16 * q;
-            let mut wv = [_mm512_setzero_ps(); R];
-            for (i, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(i * ws + o) as *const __m256i));
-            }
+            let wv = _mm512_cvtph_ps(_mm256_loadu_si256(w.add(o) as *const __m256i));
             for j in 0..T {
                 let xv = _mm512_loadu_ps(x.add(j * xs + o));
-                for i in 0..R {
-                    acc[i][j][q] = _mm512_fmadd_ps(wv[i], xv, acc[i][j][q]);
-                }
+                acc[j][q] = _mm512_fmadd_ps(wv, xv, acc[j][q]);
             }
         }
     }
-    for (i, ai) in acc.iter().enumerate() {
-        for (j, a) in ai.iter().enumerate() {
-            *out.add(i * rs + j * ts) = hsum64(a);
-        }
+    for (j, a) in acc.iter().enumerate() {
+        *out.add(j * ts) = hsum64(a);
     }
 }
 
@@ -161,9 +153,10 @@ unsafe fn tile<const R: usize, const T: usize>(
 /// tile's first token in the [`pack_quarters`] layout, `qs` floats between passes): the four
 /// 16-lane chains of an element are independent until the final tree, so pass q (0..4) runs
 /// the chains of lanes 16q..16q + 16 over all chunks (columns 64c + 16q..) for every element of
-/// the tile, and keeps the result for the tree (a store and reload is exact: same bits as
-/// [`tile`]). One accumulator per element per pass instead of four: 4 x 6 elements fit the
-/// registers, so each converted weight register serves 6 tokens and each token's chunk 4 rows.
+/// the tile, and keeps the result for the tree (a store and reload is exact: the bits of
+/// [`tile`]'s one pass with all four chains). One accumulator per element per pass instead of
+/// four: 4 x 6 elements fit the registers, so each converted weight register serves 6 tokens and
+/// each token's chunk 4 rows.
 /// The chunks go by column blocks of [`Q_BLOCK`] (all four passes over one block, then the
 /// next: each lane's chunks still in increasing order). Pass 0 prefetches `pf_rows` rows from
 /// `pf` (both lines of each chunk).
@@ -265,16 +258,20 @@ impl Job<'_> {
             // stream per thread; the tokens' chunks come from L1.
             for i0 in 0..nrows {
                 let w = w0.add(i0 * cols);
-                let pf_rows = left(i0 + 1).min(1);
+                let next = if left(i0 + 1) > 0 {
+                    w.add(cols)
+                } else {
+                    std::ptr::null()
+                };
                 let mut t0 = 0;
                 while t0 < n {
                     let nt = NT1.min(n - t0);
-                    let pf = if t0 == 0 { pf_rows } else { 0 };
+                    let pf = if t0 == 0 { next } else { std::ptr::null() };
                     let (xp, op) = (x.add(t0 * cols), o.add(i0 * rs + t0 * ts));
                     macro_rules! go {
                         ($($t:literal),*) => {
                             match nt {
-                                $($t => tile::<1, $t>(w, cols, xp, cols, nk, op, (rs, ts), w.add(cols), pf),)*
+                                $($t => tile::<$t>(w, xp, cols, nk, op, ts, pf),)*
                                 _ => unreachable!("f16x64 tile 1x{nt}"),
                             }
                         };

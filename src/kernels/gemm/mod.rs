@@ -335,12 +335,13 @@ fn matmul_call(
     // Once per call: the AMX / bf16-dot paths read bf16 operands, the other AVX-512
     // multi-token kernels the activations packed in token pairs.
     let packed_b = pack_bf16_operand(isa, w, cols, x, n, &mut bufs.b);
-    let packed_x = packed_b == 0 && isa.avx512() && n > 1 && !takes_f16x64(isa, w, cols);
+    let f16 = takes_f16x64(isa, w, cols);
+    let packed_x = packed_b == 0 && isa.avx512() && n > 1 && !f16;
     if packed_x {
         super::simd512::pack_pairs(x, cols, n, cols / LANES, &mut bufs.x); // [pairs, pair_stride]
     }
     #[cfg(target_arch = "x86_64")]
-    let packed_q = takes_f16x64(isa, w, cols) && f16x64::packs_x(n, cols);
+    let packed_q = f16 && f16x64::packs_x(n, cols);
     #[cfg(not(target_arch = "x86_64"))]
     let packed_q = false;
     #[cfg(target_arch = "x86_64")]
