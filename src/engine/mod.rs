@@ -387,7 +387,7 @@ impl Engine {
             params: req.sampling,
             speculate: req.speculate,
             want_logprobs: req.logprobs,
-            alpha: 0.7,
+            alpha: core::DRAFTER_ALPHA_PRIOR,
             alpha_obs: 0,
             drafted_at: None,
             prefix_registered: false,
