@@ -126,6 +126,10 @@ fn main() {
         // a dense MLP's down projection over 12288 columns (the widened target's layer 0)
         return small_n(1536, 12288, 4);
     }
+    if std::env::args().any(|a| a == "smalln-tall") {
+        small_n(12288, 1536, 4);
+        return small_n(6144, 1536, 8);
+    }
     if std::env::args().any(|a| a == "f16") {
         return f16_walk();
     }
@@ -415,7 +419,8 @@ fn f16_walk() {
 /// and the extra tokens are free). `smalln-wide`: 8 matrices of 1536x6144 (down projections of
 /// a wide MLP; 144 MiB). `smalln-experts`: 64 routed-expert matrices of the widened target
 /// (768x1536, then 1536x768; 144 MiB each walk). `smalln-dense`: 4 of its layer-0 down projection
-/// (1536x12288; 144 MiB).
+/// (1536x12288; 144 MiB). `smalln-tall`: 4 of its layer-0 gate / up projections (12288x1536),
+/// then 8 of its shared experts' (6144x1536).
 fn small_n(rows: usize, cols: usize, count: u64) {
     let ws: Vec<Matrix> = (0..count)
         .map(|e| bf16_matrix(200 + e, rows, cols))

@@ -292,6 +292,9 @@ fn batch_invariance_bitwise_simd() {
             check_batch_invariance(isa, kind, 37, 2112, &small, &[1, 2]);
             check_batch_invariance(isa, kind, 37, 2112, &[49, 64, 101], &[1, 3]);
             check_batch_invariance(isa, kind, 9, 4160, &[7, 17, 49, 50], &[1, 3]);
+            // The single-pass tiles over column spans (7..=9 tokens past 27 KB of activations:
+            // uneven spans, several row blocks and sub-blocks, a row tail of 1 at 7 tokens).
+            check_batch_invariance(isa, kind, 150, 3200, &[7, 8, 9], &[1, 3]);
         }
     }
 }

@@ -17,8 +17,9 @@
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 1 x 1 for one token, 8 x 1
 //! for one token of fp8; 1 x n for 2..=6 tokens whose activations fit L1;
-//! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights; 4 x 6 passes
-//! otherwise) change only which elements are computed together.
+//! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights, and the same
+//! tiles span by span over longer rows, each tile's accumulators stashed between its column
+//! spans; 4 x 6 passes otherwise) change only which elements are computed together.
 //!
 //! fp8 (`tile_fp8`, `convert_fp8_rows`): every e4m3 value is exact in bf16, so a 64-byte group
 //! of weights becomes two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high
@@ -88,6 +89,33 @@ const SP_X_BYTES: usize = 27 * 1024;
 /// pace; 2 x 9 takes 11 loads per 18.
 fn single_pass(n: usize, cols: usize) -> bool {
     SP_TOKENS.contains(&n) && cols >= 1024 && n * cols * 2 <= SP_X_BYTES
+}
+
+/// Whether `n` tokens over `cols` columns take the single-pass tiles over column spans: 7..=9
+/// tokens whose activations do NOT fit [`SP_X_BYTES`] (the widened target's 6144- and
+/// 12288-column down projections at a k = 8 verification: 110 and 221 KB). Each row tile then
+/// runs span by span (each span's activations in L1), its accumulators stashed between spans
+/// ([`Carry`]), the rows of a sub-block of [`SP_SUB_TILES`] tiles taken span by span. Why not
+/// the two-pass 4 x 6 + 4 x 3 tiles: during their second pass no weights stream from memory
+/// (Zen 5, 2 threads, walks of 1536 x 6144 at 8 / 9 tokens, three alternated rounds: 31-37 GB/s
+/// of weights on two passes, 42-50 on spans); why not the whole row in one pass with the
+/// activations in the L2: slower still (22-27 GB/s; each weight line waits on 7-9 L2 loads).
+/// BENCHMARKS.md "Long rows at a k = 8 verification".
+fn single_pass_spans(n: usize, cols: usize) -> bool {
+    SP_TOKENS.contains(&n) && n * cols * 2 > SP_X_BYTES
+}
+
+/// Row tiles per sub-block of [`single_pass_spans`]: their stashed accumulators (at most
+/// 8 x 21 registers, 10.5 KB) stay in L1 beside a span's activations (<= 27 KB).
+const SP_SUB_TILES: usize = 8;
+/// Registers the stash of one sub-block needs: the largest [`mr_sp`] x n over [`SP_TOKENS`].
+const SP_STASH: usize = SP_SUB_TILES * 21;
+
+/// Chunks per column span of [`single_pass_spans`] over `nk` chunks: as many as keep the span's
+/// activations within [`SP_X_BYTES`], evened out over the spans.
+fn span_chunks(n: usize, nk: usize) -> usize {
+    let max = (SP_X_BYTES / (n * K_CHUNK * 2)).max(1);
+    nk.div_ceil(nk.div_ceil(max))
 }
 
 /// How many row tiles ahead the single-pass tiles prefetch (the other paths: the next one). A
@@ -259,6 +287,38 @@ unsafe fn tile<const R: usize, const T: usize>(
     pf: *const u16,
     pf_rows: usize,
 ) {
+    tile_span::<R, T>(w, ws, x, xs, nk, out, (rs, ts), (pf, pf_rows, nk), None)
+}
+
+/// Where a tile computed over one column span of its rows ([`single_pass_spans`]) takes its
+/// accumulators from and leaves them: `stash` holds the R x T registers between spans (row
+/// major). `first`: start from zero instead of the stash; `last`: reduce into the outputs
+/// instead of stashing. Spans taken in increasing column order continue every lane's chain
+/// exactly as one pass over the whole row does, so the result is the same bits.
+#[derive(Clone, Copy)]
+struct Carry {
+    stash: *mut __m512,
+    first: bool,
+    last: bool,
+}
+
+/// [`tile`] over `nk` chunks from `w` and `x` (already offset to the span's first column),
+/// carrying its accumulators through `carry` (None: one span, the whole row); prefetches
+/// `pf.1` rows from `pf.0` for the first `pf.2` chunks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_span<const R: usize, const T: usize>(
+    w: *const u16,
+    ws: usize,
+    x: *const u16,
+    xs: usize,
+    nk: usize,
+    out: *mut f32,
+    (rs, ts): (usize, usize),
+    (pf, pf_rows, pf_nk): (*const u16, usize, usize),
+    carry: Option<Carry>,
+) {
     // One token: the process-wide hint (the L2 on AMD, where a pure stream measured faster so).
     // Several tokens: always the L1. Their tiles spend longer on each line, so a line left in
     // the L2 costs its L2-to-L1 latency in the middle of the dot work; on Zen 5 (rotated,
@@ -266,10 +326,19 @@ unsafe fn tile<const R: usize, const T: usize>(
     // 1-38 % more in 32 of 37 cases and tied the rest (BENCHMARKS.md "Kernel walks re-checked").
     let l2 = T == 1 && prefetch_to_l2();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
+    if let Some(c) = carry.filter(|c| !c.first) {
+        for (i, ai) in acc.iter_mut().enumerate() {
+            for (j, v) in ai.iter_mut().enumerate() {
+                *v = *c.stash.add(i * T + j);
+            }
+        }
+    }
     for c in 0..nk {
         let off = c * K_CHUNK;
-        for r in 0..pf_rows {
-            prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
+        if c < pf_nk {
+            for r in 0..pf_rows {
+                prefetch_line(pf.wrapping_add(r * ws + off) as *const i8, l2);
+            }
         }
         let mut xv = [_mm512_setzero_si512(); T];
         for (j, v) in xv.iter_mut().enumerate() {
@@ -283,6 +352,14 @@ unsafe fn tile<const R: usize, const T: usize>(
                     _mm512_dpbf16_ps(ai[j], wv, std::mem::transmute::<__m512i, __m512bh>(xv[j]));
             }
         }
+    }
+    if let Some(c) = carry.filter(|c| !c.last) {
+        for (i, ai) in acc.iter().enumerate() {
+            for (j, v) in ai.iter().enumerate() {
+                *c.stash.add(i * T + j) = *v;
+            }
+        }
+        return;
     }
     for (i, ai) in acc.iter().enumerate() {
         for (j, v) in ai.iter().enumerate() {
@@ -563,6 +640,85 @@ impl Job<'_> {
         self.row_block_bf16dot_at(wr0, nrows, out.as_mut_ptr(), (self.n, 1));
     }
 
+    /// [`Self::row_block_bf16dot_at`] on the single-pass tiles over column spans
+    /// ([`single_pass_spans`]): sub-blocks of [`SP_SUB_TILES`] row tiles, each taken span by
+    /// span in increasing column order, every tile's accumulators stashed between its spans.
+    /// The prefetch runs [`SP_PF_TILES`] tiles ahead in that order (into the sub-block's next
+    /// span, then the next sub-block's first span).
+    ///
+    /// # Safety
+    /// As [`Self::row_block_bf16dot_at`].
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+    unsafe fn spans_bf16dot(
+        &self,
+        wr0: usize,
+        nrows: usize,
+        o: *mut f32,
+        (rs, ts): (usize, usize),
+    ) {
+        let WRef::Bf16(d) = self.w else {
+            unreachable!("the bf16-dot path takes bf16 weights")
+        };
+        let (n, cols) = (self.n, self.cols);
+        let nk = cols / K_CHUNK;
+        let span = span_chunks(n, nk);
+        let (x, w0) = (self.bpack.as_ptr(), d.as_ptr().add(wr0 * cols));
+        let mr = mr_sp(n);
+        let sub = SP_SUB_TILES * mr;
+        debug_assert!(sub * n <= SP_STASH);
+        let mut stash = [_mm512_setzero_ps(); SP_STASH];
+        let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
+        for s0 in (0..nrows).step_by(sub) {
+            let s1 = (s0 + sub).min(nrows);
+            for c0 in (0..nk).step_by(span) {
+                let c1 = (c0 + span).min(nk);
+                let (first, last) = (c0 == 0, c1 == nk);
+                let (mut i0, mut slot) = (s0, 0);
+                while i0 < s1 {
+                    let m = if s1 - i0 >= mr { mr } else { 1 };
+                    // the tile SP_PF_TILES on: this span, else the next span of this sub-block,
+                    // else the first span of the next sub-block (rows, first chunk, chunks)
+                    let t = i0 + SP_PF_TILES * m;
+                    let (pr, pc, pn) = if t < s1 {
+                        (t, c0, c1 - c0)
+                    } else if !last {
+                        (s0 + (t - s1), c1, span.min(nk - c1))
+                    } else {
+                        (t, 0, span.min(nk))
+                    };
+                    let pf_rows = if pr < s1 || !last {
+                        m.min(s1.saturating_sub(pr))
+                    } else {
+                        left(pr).min(m)
+                    };
+                    let pf = w0.wrapping_add(pr * cols + pc * K_CHUNK);
+                    let carry = Some(Carry {
+                        stash: stash.as_mut_ptr().add(slot),
+                        first,
+                        last,
+                    });
+                    let (w, xp, op) = (
+                        w0.add(i0 * cols + c0 * K_CHUNK),
+                        x.add(c0 * K_CHUNK),
+                        o.add(i0 * rs),
+                    );
+                    let pfa = (pf, pf_rows, pn.min(c1 - c0));
+                    macro_rules! go {
+                        ($($r:literal, $t:literal);*) => {
+                            match (m, n) {
+                                $(($r, $t) => tile_span::<$r, $t>(w, cols, xp, cols, c1 - c0, op, (rs, ts), pfa, carry),)*
+                                _ => unreachable!("bf16-dot span tile {m}x{n}"),
+                            }
+                        };
+                    }
+                    go!(3, 7; 2, 8; 2, 9; 1, 7; 1, 8; 1, 9);
+                    slot += m * n;
+                    i0 += m;
+                }
+            }
+        }
+    }
+
     /// Rows [wr0, wr0 + nrows) for all tokens, element (row i of the block, token t) written
     /// at `o[i * rs + t * ts]`: (n, 1) is a [block rows, n] buffer, (1, rows) the token-major
     /// y of the whole product (`Job::run_token_major`, which then needs no transposition).
@@ -626,6 +782,10 @@ impl Job<'_> {
                 go!(3, 7; 2, 8; 2, 9; 1, 7; 1, 8; 1, 9);
                 i0 += m;
             }
+            return;
+        }
+        if single_pass_spans(n, cols) {
+            self.spans_bf16dot(wr0, nrows, o, (rs, ts));
             return;
         }
         for tb0 in (0..n).step_by(TOKEN_BLOCK) {
