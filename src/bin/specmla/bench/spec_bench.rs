@@ -689,7 +689,11 @@ fn run_target(
                             Some(m) => {
                                 let (lo, hi) = super::min_max(&interleaved);
                                 let dm = super::percentile(&interleaved_decode, 50.0);
-                                format!("{m:.2}x ({lo:.2}-{hi:.2}), decode {dm:.2}x")
+                                format!(
+                                    "{m:.2}x ({lo:.2}-{hi:.2}), decode {dm:.2}x; meas/roof {:.2}, decode {:.2}",
+                                    m / roof,
+                                    dm / dec_roof
+                                )
                             }
                             None => "-".into(),
                         },
@@ -717,6 +721,11 @@ fn run_target(
                         "interleaved_speedups": interleaved, "interleaved_speedup_median": interleaved_median,
                         "interleaved_runs": interleaved_runs,
                         "interleaved_decode_speedups": interleaved_decode,
+                        // the roofline fraction from the interleaved runs (same host phases for
+                        // both engines; the roofline is counts only, the same in every run)
+                        "interleaved_measured_over_roofline": interleaved_median.map(|m| m / roof),
+                        "interleaved_decode_measured_over_roofline": (!interleaved_decode.is_empty())
+                            .then(|| super::percentile(&interleaved_decode, 50.0) / dec_roof),
                     }));
                 }
             }
@@ -778,7 +787,7 @@ fn run_target(
     }
     if a.interleaved > 0 {
         text += &format!(
-            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out).\n",
+            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out);\n  meas/roof = those medians over the row's roofline (counts only, the same in every run): the roofline fraction\n  with the host's phase changes cancelled, where the separate plain and spec runs of the meas/roof column are not.\n",
             a.interleaved
         );
     }
