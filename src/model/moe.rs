@@ -36,8 +36,13 @@ pub(crate) fn mlp(e: &Expert, x: &[f32], n: usize) -> Vec<f32> {
         let len = n * e.gate.rows;
         s.grow(len);
         let (g, u, act) = (&mut s.g[..len], &mut s.u[..len], &mut s.act[..len]); // [n, inter] each
-        matmul(&e.gate, x, n, g);
-        matmul(&e.up, x, n, u);
+        if n == 1 {
+            // one token: gate and up in one parallel pass (one fork-join; same bits)
+            matmul_many(vec![(&e.gate, x, g), (&e.up, x, u)]);
+        } else {
+            matmul(&e.gate, x, n, g);
+            matmul(&e.up, x, n, u);
+        }
         silu_mul(g, u, act);
         matmul(&e.down, act, n, &mut y);
     };
