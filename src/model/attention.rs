@@ -32,6 +32,7 @@ use crate::kernels::{
 };
 use crate::kv::{KvCache, SeqKv};
 
+use super::absorbed_by_head::{absorbed_by_head, BY_HEAD_MAX_KEYS};
 use super::batch::SeqChunk;
 use super::indexer::{self, Selection};
 use super::rope::Rope;
@@ -416,7 +417,7 @@ fn values_out(cfg: &ModelConfig, a: &Attention, ctx: &[f32], out: &mut [f32]) {
 
 /// Keys per span of the streamed absorbed path: a span's latent rows, widened to f32, stay in
 /// L2 while every head of every query scores against them (and while the value pass sums them).
-const SPAN: usize = 256;
+pub(super) const SPAN: usize = 256;
 
 /// Absorbed MQA streamed over the paged latent cache of one sequence (`src`: cache, layer,
 /// sequence). q: [m, H, qk] at positions start..start + m; out: [m, H, v]. Two passes over the
@@ -429,7 +430,9 @@ const SPAN: usize = 256;
 ///
 /// Every score is the fixed-order dot of `matmul` and every context element the `t`-increasing
 /// sum of `weighted_sum_rows`, whatever the span and column split: the bits are those of one
-/// matmul and one weighted sum over the whole cache.
+/// matmul and one weighted sum over the whole cache. Several queries over a cache of at most
+/// `BY_HEAD_MAX_KEYS` keys go head by head instead (`absorbed_by_head`: one parallel task per
+/// head, the same bits).
 fn absorbed(
     cfg: &ModelConfig,
     a: &Attention,
@@ -440,6 +443,10 @@ fn absorbed(
     out: &mut [f32],
 ) {
     let nh = cfg.num_attention_heads;
+    let m = q.len() / (nh * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim));
+    if m > 1 && start + m <= BY_HEAD_MAX_KEYS {
+        return absorbed_by_head(cfg, a, scale, src, start, q, out);
+    }
     let q_abs = absorb_queries(cfg, a, q); // [m, H, kv_lora + rope]
     let ctx = latent_attention(src, cfg.kv_lora_rank, nh, scale, start, &q_abs); // [m, H, kv_lora]
     values_out(cfg, a, &ctx, out);
@@ -551,7 +558,7 @@ fn latent_attention(
 }
 
 /// Values per MLA latent entry (kv_lora + rope) of the cache.
-fn kv_width(kv: &KvCache) -> usize {
+pub(super) fn kv_width(kv: &KvCache) -> usize {
     kv.config().groups[KvCache::LATENT].kind.width()
 }
 
@@ -638,13 +645,13 @@ fn absorbed_sparse(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kv::{KvConfig, KvDtype};
 
     /// The whole-cache computation the streamed path replaces: read every latent row, one
     /// matmul for the scores, softmax, one weighted sum.
-    fn whole_cache(
+    pub(crate) fn whole_cache(
         (kv, layer, seq): (&KvCache, usize, &SeqKv),
         kvl: usize,
         nh: usize,
@@ -670,58 +677,70 @@ mod tests {
         ctx
     }
 
-    #[test]
-    fn streamed_latent_attention_is_the_whole_cache_computation() {
-        let mut seed = 7u64;
+    /// A sequence of `len` random latent rows in a `dtype` cache (layer 1; the first half grown
+    /// block by block interleaved with another sequence — spans in scattered blocks, read through
+    /// a copy — the rest at once: consecutive blocks, read in place) and random absorbed queries
+    /// q_abs: [m, H, kv_lora + rope] for its last m positions.
+    pub(crate) fn filled_cache(
+        dtype: KvDtype,
+        kvl: usize,
+        rope: usize,
+        nh: usize,
+        len: usize,
+        m: usize,
+    ) -> (KvCache, SeqKv, Vec<f32>) {
+        let mut seed = 7u64 ^ (len * 1000 + kvl) as u64;
         let mut rnd = move || {
             seed = seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
+        let bs = 16;
+        let cfg = KvConfig::latent_only(2, kvl, rope, bs, len.div_ceil(bs) + 1, dtype);
+        let cfg = KvConfig {
+            num_blocks: 2 * len.div_ceil(bs) + 2,
+            ..cfg
+        };
+        let mut kv = KvCache::new(cfg).unwrap();
+        let mut seq = SeqKv::new();
+        let mut other = SeqKv::new();
+        let half = (len / 2).div_ceil(bs) * bs;
+        for n in (bs..=half.min(len)).step_by(bs) {
+            let plan = kv.plan_grow(&seq, n).unwrap();
+            kv.commit_grow(&mut seq, plan);
+            let plan = kv.plan_grow(&other, n).unwrap();
+            kv.commit_grow(&mut other, plan);
+        }
+        let plan = kv.plan_grow(&seq, len).unwrap();
+        kv.commit_grow(&mut seq, plan);
+        assert_eq!(
+            kv.latent_span(1, &seq, (0, len.min(2 * bs))).is_some(),
+            len <= bs && dtype != KvDtype::Fp8E4M3,
+            "{dtype:?}: first blocks scattered"
+        );
+        if len > half + bs && dtype != KvDtype::Fp8E4M3 {
+            assert!(kv.latent_span(1, &seq, (half, len)).is_some());
+        }
+        for pos in 0..len {
+            let c: Vec<f32> = (0..kvl).map(|_| rnd()).collect(); // [kv_lora]
+            let k: Vec<f32> = (0..rope).map(|_| rnd()).collect(); // [rope]
+            kv.write_slot(1, &seq, pos, &c, &k);
+        }
+        kv.set_len(&mut seq, len);
+        let q_abs: Vec<f32> = (0..m * nh * (kvl + rope)).map(|_| 4.0 * rnd()).collect(); // [m, H, kvd]
+        (kv, seq, q_abs)
+    }
+
+    #[test]
+    fn streamed_latent_attention_is_the_whole_cache_computation() {
         for dtype in [KvDtype::F32, KvDtype::Bf16, KvDtype::F16, KvDtype::Fp8E4M3] {
             for (kvl, rope, nh, len, m) in [
                 (48usize, 16usize, 4usize, 700usize, 3usize),
                 (40, 8, 3, 257, 1),
                 (8, 4, 2, 5, 2),
             ] {
-                let bs = 16;
-                let cfg = KvConfig::latent_only(2, kvl, rope, bs, len.div_ceil(bs) + 1, dtype);
-                let cfg = KvConfig {
-                    num_blocks: 2 * len.div_ceil(bs) + 2,
-                    ..cfg
-                };
-                let mut kv = KvCache::new(cfg).unwrap();
-                let mut seq = SeqKv::new();
-                // The first half grows block by block interleaved with another sequence (spans
-                // in scattered blocks: read through a copy), the rest at once (consecutive
-                // blocks: read in place).
-                let mut other = SeqKv::new();
-                let half = (len / 2).div_ceil(bs) * bs;
-                for n in (bs..=half.min(len)).step_by(bs) {
-                    let plan = kv.plan_grow(&seq, n).unwrap();
-                    kv.commit_grow(&mut seq, plan);
-                    let plan = kv.plan_grow(&other, n).unwrap();
-                    kv.commit_grow(&mut other, plan);
-                }
-                let plan = kv.plan_grow(&seq, len).unwrap();
-                kv.commit_grow(&mut seq, plan);
-                assert_eq!(
-                    kv.latent_span(1, &seq, (0, len.min(2 * bs))).is_some(),
-                    len <= bs && dtype != KvDtype::Fp8E4M3,
-                    "{dtype:?}: first blocks scattered"
-                );
-                if len > half + bs && dtype != KvDtype::Fp8E4M3 {
-                    assert!(kv.latent_span(1, &seq, (half, len)).is_some());
-                }
-                for pos in 0..len {
-                    let c: Vec<f32> = (0..kvl).map(|_| rnd()).collect(); // [kv_lora]
-                    let k: Vec<f32> = (0..rope).map(|_| rnd()).collect(); // [rope]
-                    kv.write_slot(1, &seq, pos, &c, &k);
-                }
-                kv.set_len(&mut seq, len);
-                let kvd = kvl + rope;
-                let q_abs: Vec<f32> = (0..m * nh * kvd).map(|_| 4.0 * rnd()).collect(); // [m, H, kvd]
+                let (kv, seq, q_abs) = filled_cache(dtype, kvl, rope, nh, len, m);
                 let start = len - m;
                 let want = whole_cache((&kv, 1, &seq), kvl, nh, 0.3, start, &q_abs);
                 for threads in [1, 2, 3] {

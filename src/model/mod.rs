@@ -10,6 +10,7 @@
 //! per-element reduction order, and the attention path of a token depends only on its own sequence
 //! (`SeqChunk::mha_until`), never on the batch.
 
+mod absorbed_by_head;
 pub(crate) mod attention;
 pub mod batch;
 pub(crate) mod forward;
