@@ -267,3 +267,60 @@ fn decode_only_step_totals_add_up() {
         assert!(st.decode.weight_bytes > 0 && st.decode.weight_bytes < st.target_weight_bytes);
     }
 }
+
+/// The drafter's weight bytes (`EngineStats::draft_weight_bytes`, the spec bench's roofline
+/// denominator): counted per draft forward like the target's, so two requests drafting in the
+/// same steps (one batched forward per draft position) need fewer bytes than the same two
+/// requests one after the other; a drafter without a model counts none, and the decode-only
+/// share is part of the total.
+#[test]
+fn draft_weight_bytes_count_a_batched_forward_once() {
+    let distinct = [vec![20u32, 21, 22], vec![30u32, 31, 32, 33]];
+    // repeated n-grams, so the n-gram drafter finds matches and drafts
+    let repetitive = [
+        vec![20u32, 21, 22, 20, 21, 22, 20, 21],
+        vec![30u32, 31, 30, 31, 30],
+    ];
+    let request = |p: &Vec<u32>| {
+        let mut r = specmla::engine::Request::new(specmla::engine::Prompt::Tokens(p.clone()));
+        r.sampling.max_tokens = 16;
+        r.sampling.ignore_eos = true;
+        r
+    };
+    let run = |draft: DraftSource, together: bool, prompts: &[Vec<u32>; 2]| {
+        let e = Engine::new(&golden("v3_yarn"), draft, spec_test_cfg(SpecMode::Fixed(2))).unwrap();
+        if together {
+            for p in prompts {
+                e.submit(request(p)).unwrap();
+            }
+            while e.has_work() {
+                e.step().unwrap();
+            }
+        } else {
+            for p in prompts {
+                e.submit(request(p)).unwrap();
+                while e.has_work() {
+                    e.step().unwrap();
+                }
+            }
+        }
+        e.stats()
+    };
+    let together = run(DraftSource::Dir(golden("v3_bf16")), true, &distinct);
+    let apart = run(DraftSource::Dir(golden("v3_bf16")), false, &distinct);
+    assert!(together.totals.drafted_tokens > 0 && apart.totals.drafted_tokens > 0);
+    assert!(together.draft_weight_bytes > 0);
+    assert!(
+        together.draft_weight_bytes < apart.draft_weight_bytes,
+        "batched draft forwards: {} bytes, one request at a time: {}",
+        together.draft_weight_bytes,
+        apart.draft_weight_bytes
+    );
+    for st in [&together, &apart] {
+        assert!(st.decode.draft_weight_bytes > 0);
+        assert!(st.decode.draft_weight_bytes <= st.draft_weight_bytes);
+    }
+    let ngram = run(DraftSource::Ngram { min_n: 1, max_n: 3 }, true, &repetitive);
+    assert!(ngram.totals.drafted_tokens > 0, "n-gram drafted");
+    assert_eq!(ngram.draft_weight_bytes, 0);
+}

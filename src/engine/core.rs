@@ -65,6 +65,8 @@ pub(crate) struct Core {
     pub time_draft_s: f64,
     /// Weight bytes the target forwards needed (dense weights + union of selected experts).
     pub target_weight_bytes: u64,
+    /// Weight bytes the drafter's forwards needed, counted the same way (0 for n-gram).
+    pub draft_weight_bytes: u64,
     /// The decode-only steps (no prompt chunk in the step): their count, wall time, committed
     /// tokens and weight bytes — what speculation changes, without the prefill it does not.
     pub decode: DecodeSteps,
@@ -159,6 +161,7 @@ impl Core {
             .iter()
             .filter(|p| p.decode && p.k_model > 0)
             .any(|p| self.catching_up(&self.running[p.idx]));
+        let draft_bytes0 = self.draft_weight_bytes;
         let mut proposals = self.propose(&plan, steady)?;
         for (p, prop) in plan.iter().zip(&proposals) {
             let r = &mut self.running[p.idx];
@@ -187,6 +190,7 @@ impl Core {
             self.decode.seconds += secs;
             self.decode.committed_tokens += committed as u64;
             self.decode.weight_bytes += out.weight_bytes;
+            self.decode.draft_weight_bytes += self.draft_weight_bytes - draft_bytes0;
             if adaptive {
                 self.guard
                     .observe(drafted, steady && informed, committed, secs);
@@ -267,6 +271,7 @@ impl Core {
             })
             .collect();
         let proposer = self.proposer.as_mut().expect("proposer");
+        let bytes0 = proposer.weight_bytes();
         // A panic inside the drafter must not fail the requests: drafting is switched off
         // (plain decoding, the same greedy output) and the step goes on without drafts.
         let caught =
@@ -280,6 +285,7 @@ impl Core {
             }
         };
         let proposer = self.proposer.as_mut().expect("proposer");
+        self.draft_weight_bytes += proposer.weight_bytes().saturating_sub(bytes0);
         let secs = t0.elapsed().as_secs_f64();
         if proposer.has_model() {
             self.time_draft_s += secs;
@@ -662,6 +668,8 @@ pub struct DecodeSteps {
     pub committed_tokens: u64,
     /// Target weight bytes their forwards needed.
     pub weight_bytes: u64,
+    /// Weight bytes the drafter's forwards needed in them ([`Proposer::weight_bytes`]).
+    pub draft_weight_bytes: u64,
 }
 
 /// The metric name of a request's A/B arm ("" without an A/B drafter).

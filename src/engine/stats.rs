@@ -36,6 +36,9 @@ pub struct EngineStats {
     /// Weight bytes the target's forwards needed (every dense matrix once per forward, the
     /// union of the experts its tokens selected, lm_head): the roofline's numerator.
     pub target_weight_bytes: u64,
+    /// Weight bytes the drafter's forwards needed, counted the same way (a batched draft forward
+    /// reads its dense weights once for all requests; 0 for n-gram and V4 MTP layers).
+    pub draft_weight_bytes: u64,
     /// Decode-only steps (no prompt chunk): count, wall time, committed tokens, weight bytes.
     pub decode: DecodeSteps,
     #[serde(skip)]

@@ -43,8 +43,24 @@ impl Model {
         chunks: &[SeqChunk],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
+        self.mtp_forward_counted(m, kv, chunks, prev)
+            .map(|(logits, x, _)| (logits, x))
+    }
+
+    /// [`Model::mtp_forward`] also returning the weight bytes it needed, counted as the target's
+    /// forward counts them (one embedding row per token, eh_proj, the layer's attention and
+    /// feed-forward — the union of the experts its tokens select — and the head when a row
+    /// wants logits). DeepSeek-V4 MTP layers: not counted (0).
+    pub fn mtp_forward_counted(
+        &self,
+        m: usize,
+        kv: &mut KvCache,
+        chunks: &[SeqChunk],
+        prev: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, u64)> {
         if let Some(v4) = &self.v4 {
-            return super::v4::v4_mtp_forward(self, v4, m, kv, chunks, prev);
+            return super::v4::v4_mtp_forward(self, v4, m, kv, chunks, prev)
+                .map(|(logits, x)| (logits, x, 0));
         }
         let cfg = &self.config;
         let (h, vocab) = (cfg.hidden_size, cfg.vocab_size);
@@ -67,7 +83,7 @@ impl Model {
             )));
         }
         if n == 0 {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok((Vec::new(), Vec::new(), 0));
         }
         let eps = cfg.rms_norm_eps;
         let mut cat = vec![0f32; n * 2 * h]; // [n, 2 * hidden]: [enorm(e) | hnorm(h)]
@@ -85,7 +101,9 @@ impl Model {
         }
         let mut x = vec![0f32; n * h]; // [n, hidden]
         matmul(&mtp.eh_proj, &cat, n, &mut x);
-        let mut bytes = 0u64; // (the MTP drafter's bytes are costed by the bench, not counted here)
+        // one embedding row per token, eh_proj; the layer adds its own
+        let mut bytes =
+            (n * self.embed.nbytes() / self.embed.rows.max(1) + mtp.eh_proj.nbytes()) as u64;
         decoder_layer_on(
             &CpuBackend,
             cfg,
@@ -105,13 +123,10 @@ impl Model {
         });
         let mut logits = vec![0f32; rows.len() * vocab]; // [n_rows, vocab]
         if !rows.is_empty() {
-            matmul(
-                mtp.head.as_ref().unwrap_or(self.lm_head()),
-                &hs,
-                rows.len(),
-                &mut logits,
-            );
+            let head = mtp.head.as_ref().unwrap_or(self.lm_head());
+            matmul(head, &hs, rows.len(), &mut logits);
+            bytes += head.nbytes() as u64;
         }
-        Ok((logits, x))
+        Ok((logits, x, bytes))
     }
 }

@@ -127,6 +127,10 @@ impl Proposer for AbProposer {
         )
     }
 
+    fn weight_bytes(&self) -> u64 {
+        self.arms.iter().flatten().map(|p| p.weight_bytes()).sum()
+    }
+
     fn kv_stats(&self) -> Option<KvStats> {
         // Both arms' pools as one: block counts summed, byte geometry of the first pool.
         let mut acc: Option<KvStats> = None;

@@ -97,6 +97,8 @@ pub struct DraftModelProposer {
     label: String,
     /// The draft's forward on a GPU (`EngineConfig::device`); None: the CPU kernels.
     cuda: Option<Arc<crate::cuda::CudaBackend>>,
+    /// Weight bytes its forwards needed so far ([`Proposer::weight_bytes`]).
+    weight_bytes: u64,
 }
 
 impl DraftModelProposer {
@@ -123,6 +125,7 @@ impl DraftModelProposer {
             seqs: HashMap::new(),
             label,
             cuda: None,
+            weight_bytes: 0,
         })
     }
 
@@ -251,14 +254,14 @@ impl Proposer for DraftModelProposer {
                         }
                     })
                     .collect();
-                match &self.cuda {
-                    Some(b) => {
-                        self.model
-                            .forward_on(b.as_ref(), &mut self.kv, &chunks, false)?
-                            .logits
-                    }
-                    None => self.model.forward(&mut self.kv, &chunks)?,
-                }
+                let out = match &self.cuda {
+                    Some(b) => self
+                        .model
+                        .forward_on(b.as_ref(), &mut self.kv, &chunks, false)?,
+                    None => self.model.forward_out(&mut self.kv, &chunks, false)?,
+                };
+                self.weight_bytes += out.weight_bytes;
+                out.logits
             };
             let mut row_at = 0;
             for (&(i, role), inp) in live.iter().zip(&inputs) {
@@ -357,6 +360,10 @@ impl Proposer for DraftModelProposer {
 
     fn has_model(&self) -> bool {
         true
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 }
 

@@ -69,6 +69,8 @@ pub struct MtpProposer {
     model: Arc<Model>,
     kv: KvCache,
     seqs: HashMap<u64, MtpSeq>,
+    /// Weight bytes its forwards needed so far ([`Proposer::weight_bytes`]).
+    weight_bytes: u64,
 }
 
 impl MtpProposer {
@@ -99,6 +101,7 @@ impl MtpProposer {
             model,
             kv,
             seqs: HashMap::new(),
+            weight_bytes: 0,
         })
     }
 
@@ -253,7 +256,11 @@ impl Proposer for MtpProposer {
                         }
                     })
                     .collect();
-                self.model.mtp_forward(0, &mut self.kv, &chunks, &prev)?
+                let (logits, xo, bytes) =
+                    self.model
+                        .mtp_forward_counted(0, &mut self.kv, &chunks, &prev)?;
+                self.weight_bytes += bytes;
+                (logits, xo)
             };
             let mut row0 = 0;
             for (row, &a) in act.iter().enumerate() {
@@ -385,6 +392,10 @@ impl Proposer for MtpProposer {
 
     fn has_model(&self) -> bool {
         true
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 
     fn wants_hidden(&self) -> bool {

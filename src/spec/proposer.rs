@@ -120,6 +120,13 @@ pub trait Proposer: Send {
     fn has_model(&self) -> bool {
         false
     }
+    /// Weight bytes this proposer's forwards have needed so far, cumulative (per forward: its
+    /// dense weights once, the union of the experts its tokens select, the head when a row wants
+    /// logits, one embedding row per token — the target's count, `ForwardOut::weight_bytes`).
+    /// 0 for a proposer without a model.
+    fn weight_bytes(&self) -> u64 {
+        0
+    }
     /// Whether the proposer needs the target's hidden states (the MTP drafter): then the engine
     /// asks the target forward for them and hands every request's rows to
     /// [`Proposer::on_target_hidden`]. A reused prefix has no hidden states, so such a proposer

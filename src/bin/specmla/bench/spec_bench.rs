@@ -610,8 +610,20 @@ fn run_target(
                     let k_eff = (spec.stats.totals.drafted_tokens as f64
                         / spec.stats.totals.draft_steps.max(1) as f64)
                         .max(0.0);
-                    let bytes_ratio =
-                        (verify_bytes + draft_steps * d.step_bytes) / plain_step_bytes.max(1.0);
+                    // Draft bytes per step: what the drafter's forwards counted (a batched
+                    // draft forward reads its dense weights once for all requests, a catch-up
+                    // forward the experts its tokens select); without a count (n-gram: none),
+                    // the batch-1 estimate per drafted token. Before the count, the estimate
+                    // charged every drafted token a whole draft step, so at batch 4 / 16 the
+                    // roofline's denominator grew with the batch (MTP k = 4 at batch 4 read
+                    // measured / roofline 1.07-1.18).
+                    let counted = spec.stats.draft_weight_bytes > 0;
+                    let draft_bytes_step = if counted {
+                        spec.stats.draft_weight_bytes as f64 / steps
+                    } else {
+                        draft_steps * d.step_bytes
+                    };
+                    let bytes_ratio = (verify_bytes + draft_bytes_step) / plain_step_bytes.max(1.0);
                     // Tokens a step commits, relative to plain, measured: with acceptance a =
                     // accepted / drafted, a verification of k_eff drafts commits 1 + a k_eff on
                     // average — E(a, k) for the measured per-position acceptances. (The closed
@@ -628,8 +640,12 @@ fn run_target(
                     // chunk is compute-bound), so the end-to-end ratio above mixes it in.
                     let dsteps = spec.stats.decode.steps.max(1) as f64;
                     let dec_speedup = spec.decode_tps() / plain.decode_tps();
-                    let dec_bytes_ratio = (spec.decode_step_bytes()
-                        + spec.stats.totals.drafted_tokens as f64 / dsteps * d.step_bytes)
+                    let dec_draft_bytes = if counted {
+                        spec.stats.decode.draft_weight_bytes as f64 / dsteps
+                    } else {
+                        spec.stats.totals.drafted_tokens as f64 / dsteps * d.step_bytes
+                    };
+                    let dec_bytes_ratio = (spec.decode_step_bytes() + dec_draft_bytes)
                         / plain.decode_step_bytes().max(1.0);
                     let dec_tokens_ratio =
                         spec.decode_tokens_per_step() / plain.decode_tokens_per_step().max(1e-12);
@@ -715,6 +731,7 @@ fn run_target(
                         "roofline_61_layer_target": roof61,
                         "plain_step_weight_bytes": plain_step_bytes, "spec_step_verify_weight_bytes": verify_bytes,
                         "draft_step_weight_bytes": d.step_bytes, "draft_ms_per_token": draft_ms_tok,
+                        "draft_weight_bytes_per_step": draft_bytes_step,
                         "plain_target_step_ms": target_ms, "steps": spec.stats.steps,
                         "counters": spec.stats.totals,
                         "paired_speedups": paired, "paired_speedup_median": paired_median,
@@ -778,7 +795,7 @@ fn run_target(
         "greedy outputs identical to plain decoding in every run: {}\n",
         if all_identical { "YES" } else { "NO" }
     );
-    text += "roofline = E(a, k) / ((verify bytes + drafted tokens x draft step bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out);\n  spec decode tok/s = tokens those steps committed / their wall time (what llama-speculative reports as decode speed).\n  draft ms/tok / step ms = the drafter's time per drafted token (- when it drafted none) / plain's target forward per step.\n";
+    text += "roofline = E(a, k) / ((verify bytes + draft bytes) / plain step bytes), E = committed tokens per step vs plain's (measured:\n  1 + a k per verification, a = accepted / drafted), so meas/roof = bytes ratio / cost ratio: does a step cost what it reads,\n  bytes = weights the engine counted per step (dense + union of selected experts), the drafter's forwards counted the same way\n  (one batched draft forward reads its weights once for all requests); cost/step = wall time per step vs plain.\n  decode columns: the same over decode-only steps (prefill steps, identical work in both runs, left out);\n  spec decode tok/s = tokens those steps committed / their wall time (what llama-speculative reports as decode speed).\n  draft ms/tok / step ms = the drafter's time per drafted token (- when it drafted none) / plain's target forward per step.\n";
     if a.paired > 0 {
         text += &format!(
             "paired speedup = median (min-max) of {} more (plain, spec) pairs run back to back.\n",
