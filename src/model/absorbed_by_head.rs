@@ -29,7 +29,7 @@ use crate::kernels::{
 };
 use crate::kv::{KvCache, SeqKv};
 
-use super::attention::{kv_width, LatentScratch, SPAN};
+use super::attention::{head_q_lat, kv_width, rows_or_copy, scatter_heads, SPAN};
 use super::weights::Attention;
 
 /// Most keys for which [`absorbed_by_head`] is taken: one span of the streamed path, so each
@@ -60,22 +60,10 @@ pub(super) fn absorbed_by_head(
     let keys = start + m;
     debug_assert!(keys <= BY_HEAD_MAX_KEYS);
     let mut scratch = None;
-    let lat = match kv.latent_span(layer, seq, (0, keys)) {
-        Some(lat) => lat,
-        None => {
-            let buf = scratch.insert(LatentScratch::take(keys * kvd)).buf(); // [keys, kv_lora + rope]
-            kv.read_range(layer, seq, 0, keys, buf);
-            Rows::F32(buf)
-        }
-    };
+    let view = kv.latent_span(layer, seq, (0, keys));
+    let lat = rows_or_copy(view, (kv, layer, seq), (0, keys), &mut scratch); // [keys, kv_lora + rope]
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * keys * kvd, |h| {
-        let mut qn = vec![0f32; m * nope]; // [m, nope]
-        for i in 0..m {
-            qn[i * nope..(i + 1) * nope]
-                .copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
-        }
-        let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
-        matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+        let ql = head_q_lat(cfg, a, q, h); // [m, kv_lora]
         let mut qa = vec![0f32; m * kvd]; // [m, kv_lora + rope]
         for i in 0..m {
             qa[i * kvd..i * kvd + kvl].copy_from_slice(&ql[i * kvl..(i + 1) * kvl]);
@@ -87,12 +75,7 @@ pub(super) fn absorbed_by_head(
         matmul(&a.w_uv[h], &ctx, m, &mut oh);
         oh
     });
-    for (h, oh) in o_heads.iter().enumerate() {
-        for i in 0..m {
-            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim]
-                .copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
-        }
-    }
+    scatter_heads(&o_heads, vdim, out);
 }
 
 /// One head's context: `qa: [m, kv_lora + rope]` (its absorbed queries at positions

@@ -362,16 +362,7 @@ fn absorb_queries(cfg: &ModelConfig, a: &Attention, q: &[f32]) -> Vec<f32> {
         matmul_many(items);
         ql
     } else {
-        map_indices(nh, nh * m * nope * kvl, |h| {
-            let mut qn = vec![0f32; m * nope]; // [m, nope]
-            for i in 0..m {
-                qn[i * nope..(i + 1) * nope]
-                    .copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
-            }
-            let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
-            matmul(&a.w_uk_t[h], &qn, m, &mut ql);
-            ql
-        })
+        map_indices(nh, nh * m * nope * kvl, |h| head_q_lat(cfg, a, q, h))
     };
     for (h, ql) in q_lat.iter().enumerate() {
         for i in 0..m {
@@ -407,12 +398,7 @@ fn values_out(cfg: &ModelConfig, a: &Attention, ctx: &[f32], out: &mut [f32]) {
         matmul(&a.w_uv[h], &ch, m, &mut oh);
         oh
     });
-    for (h, oh) in o_heads.iter().enumerate() {
-        for i in 0..m {
-            out[(i * nh + h) * vdim..(i * nh + h + 1) * vdim]
-                .copy_from_slice(&oh[i * vdim..(i + 1) * vdim]);
-        }
-    }
+    scatter_heads(&o_heads, vdim, out);
 }
 
 /// Keys per span of the streamed absorbed path: a span's latent rows, widened to f32, stay in
@@ -477,14 +463,7 @@ fn latent_attention(
     let blocks: Vec<Vec<f32>> = map_indices(spans, rows * keys * kvd, |b| {
         let (k0, k1) = span(b);
         let mut scratch = None;
-        let lat = match views[b] {
-            Some(lat) => lat,
-            None => {
-                let buf = scratch.insert(LatentScratch::take((k1 - k0) * kvd)).buf(); // [k1 - k0, kv_lora + rope]
-                kv.read_range(layer, seq, k0, k1, buf);
-                Rows::F32(buf)
-            }
-        };
+        let lat = rows_or_copy(views[b], (kv, layer, seq), (k0, k1), &mut scratch);
         let mut sb = vec![0f32; rows * (k1 - k0)]; // [rows, k1 - k0]
         matmul_rows_serial(lat, k1 - k0, kvd, q_abs, rows, &mut sb);
         sb
@@ -555,6 +534,54 @@ fn latent_attention(
         }
     }
     ctx
+}
+
+/// The latent rows [k0, k1) of `seq` in `layer` ([k1 - k0, kv_lora + rope]): `view` (the rows
+/// read in place, when the cache can give them) or else a copy read into a [`LatentScratch`]
+/// kept in `scratch` for as long as the rows are used.
+pub(super) fn rows_or_copy<'a>(
+    view: Option<Rows<'a>>,
+    (kv, layer, seq): (&KvCache, usize, &SeqKv),
+    (k0, k1): (usize, usize),
+    scratch: &'a mut Option<LatentScratch>,
+) -> Rows<'a> {
+    match view {
+        Some(lat) => lat,
+        None => {
+            let buf = scratch
+                .insert(LatentScratch::take((k1 - k0) * kv_width(kv)))
+                .buf(); // [k1 - k0, kv_lora + rope]
+            kv.read_range(layer, seq, k0, k1, buf);
+            Rows::F32(buf)
+        }
+    }
+}
+
+/// Head `h`'s absorbed no-RoPE queries q_lat = W_UK^h^T q_nope for q: [m, H, nope + rope]
+/// -> [m, kv_lora] (one `matmul` over the head's m rows).
+pub(super) fn head_q_lat(cfg: &ModelConfig, a: &Attention, q: &[f32], h: usize) -> Vec<f32> {
+    let nh = cfg.num_attention_heads;
+    let (nope, kvl) = (cfg.qk_nope_head_dim, cfg.kv_lora_rank);
+    let qk = nope + cfg.qk_rope_head_dim;
+    let m = q.len() / (nh * qk);
+    let mut qn = vec![0f32; m * nope]; // [m, nope]
+    for i in 0..m {
+        qn[i * nope..(i + 1) * nope]
+            .copy_from_slice(&q[(i * nh + h) * qk..(i * nh + h) * qk + nope]);
+    }
+    let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
+    matmul(&a.w_uk_t[h], &qn, m, &mut ql);
+    ql
+}
+
+/// Every head's rows `o_heads[h]`: [m, width] into out: [m, H, width].
+pub(super) fn scatter_heads(o_heads: &[Vec<f32>], width: usize, out: &mut [f32]) {
+    let nh = o_heads.len();
+    for (h, oh) in o_heads.iter().enumerate() {
+        for (i, row) in oh.chunks_exact(width).enumerate() {
+            out[(i * nh + h) * width..(i * nh + h + 1) * width].copy_from_slice(row);
+        }
+    }
 }
 
 /// Values per MLA latent entry (kv_lora + rope) of the cache.
