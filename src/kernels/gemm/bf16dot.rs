@@ -368,6 +368,84 @@ unsafe fn tile_span<const R: usize, const T: usize>(
     }
 }
 
+/// `Job::row_block_bf16dot_at` on the single-pass tiles over column spans
+/// ([`single_pass_spans`]): rows `w0 + i * cols` (i < nrows) times the n packed tokens `x`,
+/// element (i, t) into `o[i * rs + t * ts]`; `left(i)`: the matrix's rows from row i of the block
+/// on (the prefetch stays inside the matrix). Sub-blocks of [`SP_SUB_TILES`] row tiles, each
+/// taken span by span in increasing column order, every tile's accumulators stashed between its
+/// spans. The prefetch runs [`SP_PF_TILES`] tiles ahead in that order (into the sub-block's next
+/// span, then the next sub-block's first span).
+///
+/// # Safety
+/// As `Job::row_block_bf16dot_at`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn span_tiles(
+    w0: *const u16,
+    x: *const u16,
+    (n, cols): (usize, usize),
+    nrows: usize,
+    left: impl Fn(usize) -> usize,
+    o: *mut f32,
+    (rs, ts): (usize, usize),
+) {
+    let nk = cols / K_CHUNK;
+    let span = span_chunks(n, nk);
+    let mr = mr_sp(n);
+    let sub = SP_SUB_TILES * mr;
+    debug_assert!(sub * n <= SP_STASH);
+    let mut stash = [_mm512_setzero_ps(); SP_STASH];
+    for s0 in (0..nrows).step_by(sub) {
+        let s1 = (s0 + sub).min(nrows);
+        for c0 in (0..nk).step_by(span) {
+            let c1 = (c0 + span).min(nk);
+            let (first, last) = (c0 == 0, c1 == nk);
+            let (mut i0, mut slot) = (s0, 0);
+            while i0 < s1 {
+                let m = if s1 - i0 >= mr { mr } else { 1 };
+                // the tile SP_PF_TILES on: this span, else the next span of this sub-block,
+                // else the first span of the next sub-block (rows, first chunk, chunks)
+                let t = i0 + SP_PF_TILES * m;
+                let (pr, pc, pn) = if t < s1 {
+                    (t, c0, c1 - c0)
+                } else if !last {
+                    (s0 + (t - s1), c1, span.min(nk - c1))
+                } else {
+                    (t, 0, span.min(nk))
+                };
+                let pf_rows = if pr < s1 || !last {
+                    m.min(s1.saturating_sub(pr))
+                } else {
+                    left(pr).min(m)
+                };
+                let pf = w0.wrapping_add(pr * cols + pc * K_CHUNK);
+                let carry = Some(Carry {
+                    stash: stash.as_mut_ptr().add(slot),
+                    first,
+                    last,
+                });
+                let (w, xp, op) = (
+                    w0.add(i0 * cols + c0 * K_CHUNK),
+                    x.add(c0 * K_CHUNK),
+                    o.add(i0 * rs),
+                );
+                let pfa = (pf, pf_rows, pn.min(c1 - c0));
+                macro_rules! go {
+                    ($($r:literal, $t:literal);*) => {
+                        match (m, n) {
+                            $(($r, $t) => tile_span::<$r, $t>(w, cols, xp, cols, c1 - c0, op, (rs, ts), pfa, carry),)*
+                            _ => unreachable!("bf16-dot span tile {m}x{n}"),
+                        }
+                    };
+                }
+                go!(3, 7; 2, 8; 2, 9; 1, 7; 1, 8; 1, 9);
+                slot += m * n;
+                i0 += m;
+            }
+        }
+    }
+}
+
 /// The token tiles [tb0, tb1) of one row tile (`m` rows, 4 or 1, from `w` with row stride
 /// `cols`; x: the packed tokens, `out`: the tile's first output, element (row i, token t) at
 /// `out[i * rs + t * ts]`): one `tile` per
@@ -640,85 +718,6 @@ impl Job<'_> {
         self.row_block_bf16dot_at(wr0, nrows, out.as_mut_ptr(), (self.n, 1));
     }
 
-    /// [`Self::row_block_bf16dot_at`] on the single-pass tiles over column spans
-    /// ([`single_pass_spans`]): sub-blocks of [`SP_SUB_TILES`] row tiles, each taken span by
-    /// span in increasing column order, every tile's accumulators stashed between its spans.
-    /// The prefetch runs [`SP_PF_TILES`] tiles ahead in that order (into the sub-block's next
-    /// span, then the next sub-block's first span).
-    ///
-    /// # Safety
-    /// As [`Self::row_block_bf16dot_at`].
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")]
-    unsafe fn spans_bf16dot(
-        &self,
-        wr0: usize,
-        nrows: usize,
-        o: *mut f32,
-        (rs, ts): (usize, usize),
-    ) {
-        let WRef::Bf16(d) = self.w else {
-            unreachable!("the bf16-dot path takes bf16 weights")
-        };
-        let (n, cols) = (self.n, self.cols);
-        let nk = cols / K_CHUNK;
-        let span = span_chunks(n, nk);
-        let (x, w0) = (self.bpack.as_ptr(), d.as_ptr().add(wr0 * cols));
-        let mr = mr_sp(n);
-        let sub = SP_SUB_TILES * mr;
-        debug_assert!(sub * n <= SP_STASH);
-        let mut stash = [_mm512_setzero_ps(); SP_STASH];
-        let left = |i: usize| self.rows_total.saturating_sub(wr0 + i);
-        for s0 in (0..nrows).step_by(sub) {
-            let s1 = (s0 + sub).min(nrows);
-            for c0 in (0..nk).step_by(span) {
-                let c1 = (c0 + span).min(nk);
-                let (first, last) = (c0 == 0, c1 == nk);
-                let (mut i0, mut slot) = (s0, 0);
-                while i0 < s1 {
-                    let m = if s1 - i0 >= mr { mr } else { 1 };
-                    // the tile SP_PF_TILES on: this span, else the next span of this sub-block,
-                    // else the first span of the next sub-block (rows, first chunk, chunks)
-                    let t = i0 + SP_PF_TILES * m;
-                    let (pr, pc, pn) = if t < s1 {
-                        (t, c0, c1 - c0)
-                    } else if !last {
-                        (s0 + (t - s1), c1, span.min(nk - c1))
-                    } else {
-                        (t, 0, span.min(nk))
-                    };
-                    let pf_rows = if pr < s1 || !last {
-                        m.min(s1.saturating_sub(pr))
-                    } else {
-                        left(pr).min(m)
-                    };
-                    let pf = w0.wrapping_add(pr * cols + pc * K_CHUNK);
-                    let carry = Some(Carry {
-                        stash: stash.as_mut_ptr().add(slot),
-                        first,
-                        last,
-                    });
-                    let (w, xp, op) = (
-                        w0.add(i0 * cols + c0 * K_CHUNK),
-                        x.add(c0 * K_CHUNK),
-                        o.add(i0 * rs),
-                    );
-                    let pfa = (pf, pf_rows, pn.min(c1 - c0));
-                    macro_rules! go {
-                        ($($r:literal, $t:literal);*) => {
-                            match (m, n) {
-                                $(($r, $t) => tile_span::<$r, $t>(w, cols, xp, cols, c1 - c0, op, (rs, ts), pfa, carry),)*
-                                _ => unreachable!("bf16-dot span tile {m}x{n}"),
-                            }
-                        };
-                    }
-                    go!(3, 7; 2, 8; 2, 9; 1, 7; 1, 8; 1, 9);
-                    slot += m * n;
-                    i0 += m;
-                }
-            }
-        }
-    }
-
     /// Rows [wr0, wr0 + nrows) for all tokens, element (row i of the block, token t) written
     /// at `o[i * rs + t * ts]`: (n, 1) is a [block rows, n] buffer, (1, rows) the token-major
     /// y of the whole product (`Job::run_token_major`, which then needs no transposition).
@@ -785,7 +784,7 @@ impl Job<'_> {
             return;
         }
         if single_pass_spans(n, cols) {
-            self.spans_bf16dot(wr0, nrows, o, (rs, ts));
+            span_tiles(w0, x, (n, cols), nrows, left, o, (rs, ts));
             return;
         }
         for tb0 in (0..n).step_by(TOKEN_BLOCK) {
