@@ -58,6 +58,12 @@ pub(crate) fn decoder_layer_on<B: Backend>(
 }
 
 impl Model {
+    /// Weight bytes `n` tokens read from the embedding matrix: one row each (the forwards'
+    /// `weight_bytes` count).
+    pub(crate) fn embedding_bytes(&self, n: usize) -> u64 {
+        (n * self.embed.nbytes() / self.embed.rows.max(1)) as u64
+    }
+
     /// Run the decoder over every chunk's new tokens, writing their KV slots (which the caller
     /// must have reserved) and returning logits [n_logits_rows, vocab] for the rows the chunks ask
     /// for, in chunk order. The caller sets each sequence's KV length afterwards.
@@ -115,7 +121,7 @@ impl Model {
         if n == 0 {
             return Ok(ForwardOut::empty());
         }
-        let mut bytes = (n * self.embed.nbytes() / self.embed.rows.max(1)) as u64;
+        let mut bytes = self.embedding_bytes(n);
         let mut x = b.embed(&self.embed, &tokens)?; // [n, hidden]
         for (li, layer) in self.layers.iter().enumerate() {
             decoder_layer_on(

@@ -102,8 +102,7 @@ impl Model {
         let mut x = vec![0f32; n * h]; // [n, hidden]
         matmul(&mtp.eh_proj, &cat, n, &mut x);
         // one embedding row per token, eh_proj; the layer adds its own
-        let mut bytes =
-            (n * self.embed.nbytes() / self.embed.rows.max(1) + mtp.eh_proj.nbytes()) as u64;
+        let mut bytes = self.embedding_bytes(n) + mtp.eh_proj.nbytes() as u64;
         decoder_layer_on(
             &CpuBackend,
             cfg,

@@ -234,7 +234,7 @@ pub(crate) fn v4_forward(
     if n == 0 {
         return Ok(ForwardOut::empty());
     }
-    let mut bytes = (n * model.embed.nbytes() / model.embed.rows.max(1)) as u64;
+    let mut bytes = model.embedding_bytes(n);
     let mut x = vec![0f32; n * nh * h]; // [n, N, hidden]
     for_each_row(&mut x, nh * h, n * h, |i, row| {
         matrix_row_f32(&model.embed, tokens[i] as usize, &mut row[..h]);
