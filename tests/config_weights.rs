@@ -717,10 +717,7 @@ fn single_file_and_bytes() {
         assert_eq!(a.data, &f32s(&[1.0, 2.0, 3.0, 4.0])[..]);
         assert_eq!(s.get("c").unwrap().dtype, DType::Other("i64".into()));
         assert!(s.get("zz").is_none());
-        let l = Loader {
-            store: &s,
-            quant: None,
-        };
+        let l = Loader::new(&s, None);
         assert_eq!(l.vector_f32("b", 3).unwrap(), vec![1.0, -2.0, 0.5]);
         assert!(l.has("a") && !l.has("zz"));
     }
@@ -753,10 +750,7 @@ fn sharded_index_two_shards() {
         s.names().collect::<Vec<_>>(),
         vec!["x.weight", "y.weight", "z.weight"]
     );
-    let l = Loader {
-        store: &s,
-        quant: None,
-    };
+    let l = Loader::new(&s, None);
     assert_eq!(l.vector_f32("z.weight", 1).unwrap(), vec![4.0]);
     assert_eq!(s.total_bytes(), 16);
 
@@ -886,10 +880,7 @@ fn loader_checks_and_conversions() {
         t("i", "I64", &[2, 3], vec![0; 48]),
     ])))
     .unwrap();
-    let l = Loader {
-        store: &store,
-        quant: None,
-    };
+    let l = Loader::new(&store, None);
     let m = l.matrix("w32", 2, 3).unwrap();
     assert!(matches!(&m.data, MatrixData::F32(v) if v[..] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
     let m = l.matrix("wbf", 2, 3).unwrap();
@@ -950,10 +941,7 @@ fn fp8_matrix_with_partial_blocks() {
         block_rows: br,
         block_cols: bc,
     });
-    let l = Loader {
-        store: &store,
-        quant,
-    };
+    let l = Loader::new(&store, quant);
     let m = l.matrix("p.weight", rows, cols).unwrap();
     let MatrixData::Fp8 {
         data,
@@ -985,10 +973,7 @@ fn fp8_matrix_with_partial_blocks() {
         tensor_err(l.matrix("s.weight", rows, cols)),
         ("s.weight_scale_inv".into(), "missing".into())
     );
-    let l0 = Loader {
-        store: &store,
-        quant: None,
-    };
+    let l0 = Loader::new(&store, None);
     assert!(tensor_err(l0.matrix("p.weight", rows, cols))
         .1
         .contains("quantization_config"));
@@ -1214,10 +1199,7 @@ fn golden_checkpoints_pass_tensor_check() {
             ModelConfig::from_file(&cfg_path).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         let store = WeightStore::open_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
         check_tensor_set(&cfg, &store).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-        let l = Loader {
-            store: &store,
-            quant: cfg.quantization,
-        };
+        let l = Loader::new(&store, cfg.quantization);
         for (name, shape) in expected_tensor_shapes(&cfg) {
             let r = match shape[..] {
                 [n] => l.vector_f32(&name, n).map(|_| ()),

@@ -60,14 +60,24 @@ fn huge_page_weights_decode_the_same_and_bad_files_still_fail() {
     grew(before, 1, "a draft swap of that engine");
     let got = run_checked(&e, reqs.clone(), &[]);
     common::assert_same_outputs("engine huge-page weights", &mapped, &got, &reqs);
-    // ... while the next engine without the field maps its files
+    // ... while the next engine without the field maps its target's files; its draft, small
+    // enough to stay in the last-level cache (a file of at most a quarter of it), is read into
+    // huge pages all the same (the 4.3 MB file spans at most 3)
     let before = anon_huge_kb();
     let plain = Engine::new(&target, draft(), cfg.clone()).unwrap();
+    let draft_bytes = std::fs::metadata(repo().join("models/draft/model.safetensors"))
+        .unwrap()
+        .len();
+    let small =
+        specmla::kernels::last_level_cache_bytes().is_some_and(|llc| draft_bytes * 4 <= llc as u64);
     if let (Some(before), Some(after)) = (before, anon_huge_kb()) {
         assert!(
-            after < before + 2 * 2048,
+            after < before + 4 * 2048,
             "a mapped engine: AnonHugePages {before} kB -> {after} kB"
         );
+    }
+    if small {
+        grew(before, 1, "a mapped engine's cache-sized draft");
     }
     drop((e, plain));
 

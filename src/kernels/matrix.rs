@@ -127,6 +127,11 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub data: MatrixData,
+    /// The weights are expected to stay in the CPU caches between uses (a model far smaller
+    /// than the last-level cache, such as a draft model): the one-token bf16 kernel then takes
+    /// several rows per register tile, hiding each row's dot-chain latency, instead of the one
+    /// sequential stream per thread that suits weights read from DRAM. Never changes a result.
+    resident: bool,
 }
 
 impl Matrix {
@@ -137,6 +142,7 @@ impl Matrix {
             rows,
             cols,
             data: MatrixData::F32(data),
+            resident: false,
         }
     }
     pub fn from_bf16(rows: usize, cols: usize, data: impl Into<WeightBuf<u16>>) -> Self {
@@ -146,6 +152,7 @@ impl Matrix {
             rows,
             cols,
             data: MatrixData::Bf16(data),
+            resident: false,
         }
     }
     pub fn from_f16(rows: usize, cols: usize, data: impl Into<WeightBuf<half::f16>>) -> Self {
@@ -155,6 +162,7 @@ impl Matrix {
             rows,
             cols,
             data: MatrixData::F16(data),
+            resident: false,
         }
     }
     pub fn from_fp8(
@@ -181,6 +189,7 @@ impl Matrix {
                 block_rows,
                 block_cols,
             },
+            resident: false,
         }
     }
 
@@ -218,7 +227,19 @@ impl Matrix {
             rows: n,
             cols: c,
             data,
+            resident: self.resident,
         }
+    }
+
+    /// Whether the weights are expected to stay cached between uses (see the field).
+    pub fn cache_resident(&self) -> bool {
+        self.resident
+    }
+
+    /// This matrix with the cache-residency hint set to `on` (kernel choice only: same bits).
+    pub fn with_cache_resident(mut self, on: bool) -> Self {
+        self.resident = on;
+        self
     }
 
     /// Bytes the weights occupy in memory (what one full pass over the matrix reads).

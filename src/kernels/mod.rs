@@ -14,7 +14,7 @@
 //! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows), `rows.rs` (borrowed rows in
 //! their storage precision: KV spans read in place),
 //! `bandwidth.rs` (roofline probes for benchmarks and the scheduler's
-//! cost model), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
+//! cost model), `cache_info.rs` (the last-level cache size, from sysfs), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
 //! AVX-512), `amx.rs` (AMX tile permission, configuration and instructions for the bf16 GEMM's
 //! `amx` level), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
 //! worth the rayon pool), `prefetch.rs` (which cache level the weight prefetches target).
@@ -24,6 +24,7 @@ mod aligned;
 #[cfg(target_arch = "x86_64")]
 mod amx;
 mod bandwidth;
+mod cache_info;
 mod exp;
 mod gemm;
 mod isa;
@@ -42,6 +43,7 @@ mod vec_ops;
 mod weighted_sum;
 
 pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
+pub use cache_info::last_level_cache_bytes;
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};

@@ -2,7 +2,7 @@
 //! bitwise batch invariance across batch sizes, positions, neighbours and pool sizes, and bitwise
 //! equality of the AVX2 and portable paths.
 
-use super::gemm::{matmul_with, WRef};
+use super::gemm::{matmul_in, matmul_with, Call, WRef};
 use super::lanes;
 use super::vec_ops::{dot_rows_with, dot_with};
 use super::*;
@@ -295,6 +295,67 @@ fn batch_invariance_bitwise_simd() {
             // The single-pass tiles over column spans (7..=9 tokens past 27 KB of activations:
             // uneven spans, several row blocks and sub-blocks, a row tail of 1 at 7 tokens).
             check_batch_invariance(isa, kind, 150, 3200, &[7, 8, 9], &[1, 3]);
+        }
+    }
+}
+
+/// The one-token product of a matrix marked cache-resident (`Matrix::cache_resident`: several
+/// rows per register tile on avx512bf16) is the same bits as unmarked, on every ISA, through
+/// `matmul` and `matmul_many`, on 1..3 threads: row counts that leave tails of 1..7 rows after
+/// the 8-row tiles, rows short and long, several row blocks.
+#[test]
+fn cache_resident_tiles_are_the_same_bits() {
+    let shapes = [
+        (37, 192),
+        (200, 768),
+        (9, 64),
+        (64, 1536),
+        (261, 384),
+        (15, 160),
+    ];
+    for isa in Isa::available() {
+        for kind in KINDS {
+            for &(rows, cols) in &shapes {
+                let mut rng = Rng(0x7e5 ^ (rows * 1000 + cols) as u64);
+                let w = random_matrix(&mut rng, kind, rows, cols);
+                let hot = w.clone().with_cache_resident(true);
+                assert!(hot.cache_resident() && !w.cache_resident());
+                let x = rng.vec(cols); // [cols]
+                for threads in [1, 2, 3] {
+                    pool(threads).install(|| {
+                        let mut cold_y = vec![0.0f32; rows]; // [rows]
+                        let mut hot_y = vec![0.0f32; rows]; // [rows]
+                        let cold = Call {
+                            may_fork: true,
+                            resident: false,
+                        };
+                        let warm = Call {
+                            may_fork: true,
+                            resident: true,
+                        };
+                        matmul_in(isa, WRef::of(&w), rows, cols, &x, 1, &mut cold_y, cold);
+                        matmul_in(isa, WRef::of(&hot), rows, cols, &x, 1, &mut hot_y, warm);
+                        let what = format!("{isa} {kind:?} {rows}x{cols} threads={threads}");
+                        for r in 0..rows {
+                            assert_eq!(hot_y[r].to_bits(), cold_y[r].to_bits(), "{what} row {r}");
+                        }
+                        // the engine's entry points: matmul and matmul_many on the pinned ISA
+                        let mut y = vec![0.0f32; rows]; // [rows]
+                        let mut y2 = vec![0.0f32; rows]; // [rows]
+                        matmul(&w, &x, 1, &mut cold_y);
+                        matmul(&hot, &x, 1, &mut y);
+                        matmul_many(vec![(&hot, &x[..], &mut y2[..])]);
+                        for r in 0..rows {
+                            assert_eq!(
+                                y[r].to_bits(),
+                                cold_y[r].to_bits(),
+                                "{what} matmul row {r}"
+                            );
+                            assert_eq!(y2[r].to_bits(), cold_y[r].to_bits(), "{what} many row {r}");
+                        }
+                    });
+                }
+            }
         }
     }
 }

@@ -39,6 +39,9 @@ pub struct Loader<'a> {
     pub store: &'a WeightStore,
     /// Set when the checkpoint is block-fp8 quantised (`ModelConfig::quantization`).
     pub quant: Option<Fp8Quant>,
+    /// Marks every matrix it loads as cache-resident (`Matrix::cache_resident`): set for a
+    /// model small enough to stay in the last-level cache between forwards.
+    pub resident: bool,
 }
 
 /// Name of the block-scale sibling of an fp8 weight: `x.weight` -> `x.weight_scale_inv`.
@@ -50,7 +53,11 @@ const FLOAT_DTYPES: &str = "f32/bf16/f16/f8_e4m3";
 
 impl<'a> Loader<'a> {
     pub fn new(store: &'a WeightStore, quant: Option<Fp8Quant>) -> Self {
-        Loader { store, quant }
+        Loader {
+            store,
+            quant,
+            resident: false,
+        }
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -134,7 +141,8 @@ impl<'a> Loader<'a> {
                 Matrix::from_fp8(rows, cols, data, scale_inv, q.block_rows, q.block_cols)
             }
             DType::Other(_) => unreachable!("view() refuses Other"),
-        })
+        }
+        .with_cache_resident(self.resident))
     }
 
     /// 1-D tensor of length `len` as f32 (norm weights, router bias). fp8 is refused: vectors

@@ -94,7 +94,20 @@ impl<'a> WRef<'a> {
 
 /// y[n, w.rows] = x[n, w.cols] · wᵀ.  x: [n_tokens, cols] row-major; y: [n_tokens, rows].
 pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
-    matmul_with(Isa::current(), WRef::of(w), w.rows, w.cols, x, n_tokens, y);
+    let how = Call {
+        may_fork: true,
+        resident: w.cache_resident(),
+    };
+    matmul_in(
+        Isa::current(),
+        WRef::of(w),
+        w.rows,
+        w.cols,
+        x,
+        n_tokens,
+        y,
+        how,
+    );
 }
 
 /// Same for a borrowed f32 matrix [rows, cols] (attention absorption, router gate).
@@ -129,7 +142,10 @@ pub fn matmul_rows_serial(
         x,
         n_tokens,
         y,
-        false,
+        Call {
+            may_fork: false,
+            resident: false,
+        },
     );
 }
 
@@ -169,6 +185,7 @@ pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
             xpack: &[],
             rows_total: w.rows,
             bpack: &packs[i].0.as_u16()[..packs[i].1],
+            resident: w.cache_resident(),
         });
         for (bi, o) in y.chunks_mut(ROW_BLOCK_GEMV).enumerate() {
             tasks.push((i, bi * ROW_BLOCK_GEMV, o));
@@ -252,12 +269,25 @@ pub(crate) fn matmul_with(
     n: usize,
     y: &mut [f32],
 ) {
-    matmul_in(isa, w, rows, cols, x, n, y, true)
+    let how = Call {
+        may_fork: true,
+        resident: false,
+    };
+    matmul_in(isa, w, rows, cols, x, n, y, how)
 }
 
-/// `matmul_with`; `may_fork`: false keeps every row block on the calling thread.
+/// How one matmul call may run; neither field changes a result.
+#[derive(Clone, Copy)]
+pub(crate) struct Call {
+    /// False keeps every row block on the calling thread.
+    pub(crate) may_fork: bool,
+    /// The weights are expected in the CPU caches ([`Matrix::cache_resident`]).
+    pub(crate) resident: bool,
+}
+
+/// `matmul_with` as `how` says.
 #[allow(clippy::too_many_arguments)]
-fn matmul_in(
+pub(crate) fn matmul_in(
     isa: Isa,
     w: WRef<'_>,
     rows: usize,
@@ -265,7 +295,7 @@ fn matmul_in(
     x: &[f32],
     n: usize,
     y: &mut [f32],
-    may_fork: bool,
+    how: Call,
 ) {
     assert_eq!(x.len(), n * cols, "matmul: x is not [n_tokens, cols]");
     assert_eq!(y.len(), n * rows, "matmul: y is not [n_tokens, rows]");
@@ -286,7 +316,7 @@ fn matmul_in(
                 &x[t0 * cols..(t0 + m) * cols],
                 m,
                 &mut y[t0 * rows..(t0 + m) * rows],
-                may_fork,
+                how,
             );
         }
         return;
@@ -296,11 +326,21 @@ fn matmul_in(
     } else {
         ROW_BLOCK_GEMM
     };
-    let parallel = may_fork && rows > rb && super::worth_parallel(rows * cols * n);
+    let parallel = how.may_fork && rows > rb && super::worth_parallel(rows * cols * n);
     // (a call nested on this thread, run while an outer call waits for its row blocks, gets
     // buffers of its own)
     super::with_thread_scratch(&CALL_BUFS, |bufs| {
-        matmul_call(isa, w, rows, cols, x, n, y, rb, parallel, bufs)
+        matmul_call(
+            isa,
+            w,
+            rows,
+            cols,
+            x,
+            n,
+            y,
+            (rb, parallel, how.resident),
+            bufs,
+        )
     });
 }
 
@@ -328,8 +368,7 @@ fn matmul_call(
     x: &[f32],
     n: usize,
     y: &mut [f32],
-    rb: usize,
-    parallel: bool,
+    (rb, parallel, resident): (usize, bool, bool),
     bufs: &mut CallBufs,
 ) {
     // Once per call: the AMX / bf16-dot paths read bf16 operands, the other AVX-512
@@ -366,6 +405,7 @@ fn matmul_call(
         xpack,
         rows_total: rows,
         bpack,
+        resident,
     };
     if n == 1 {
         job.run(y, parallel);
@@ -477,6 +517,9 @@ struct Job<'a> {
     /// [tiles, 3, cols / 2, tile tokens, 2] (`amx::pack_splits`); bf16-dot path: x rounded to
     /// bf16, [n, cols] (`bf16dot::pack_bf16`); else empty.
     bpack: &'a [u16],
+    /// The weights are expected in the CPU caches ([`Matrix::cache_resident`]): the one-token
+    /// bf16-dot path takes several rows per register tile.
+    resident: bool,
 }
 
 impl Job<'_> {
