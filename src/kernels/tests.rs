@@ -299,10 +299,10 @@ fn batch_invariance_bitwise_simd() {
     }
 }
 
-/// The one-token product of a matrix marked cache-resident (`Matrix::cache_resident`: several
-/// rows per register tile on avx512bf16) is the same bits as unmarked, on every ISA, through
-/// `matmul` and `matmul_many`, on 1..3 threads: row counts that leave tails of 1..7 rows after
-/// the 8-row tiles, rows short and long, several row blocks.
+/// The 1..6-token products of a matrix marked cache-resident (`Matrix::cache_resident`: several
+/// rows per register tile on avx512bf16) are the same bits as unmarked, on every ISA, through
+/// `matmul` and `matmul_many` (one token), on 1..3 threads: row counts that leave tails of
+/// 1..7 rows after the 8-row and 4-row tiles, rows short and long, several row blocks.
 #[test]
 fn cache_resident_tiles_are_the_same_bits() {
     let shapes = [
@@ -320,31 +320,37 @@ fn cache_resident_tiles_are_the_same_bits() {
                 let w = random_matrix(&mut rng, kind, rows, cols);
                 let hot = w.clone().with_cache_resident(true);
                 assert!(hot.cache_resident() && !w.cache_resident());
-                let x = rng.vec(cols); // [cols]
+                let xs = rng.vec(6 * cols); // [6, cols]
+                let x = &xs[..cols]; // [cols]
+                let cold = Call {
+                    may_fork: true,
+                    resident: false,
+                };
+                let warm = Call {
+                    may_fork: true,
+                    resident: true,
+                };
                 for threads in [1, 2, 3] {
                     pool(threads).install(|| {
-                        let mut cold_y = vec![0.0f32; rows]; // [rows]
-                        let mut hot_y = vec![0.0f32; rows]; // [rows]
-                        let cold = Call {
-                            may_fork: true,
-                            resident: false,
-                        };
-                        let warm = Call {
-                            may_fork: true,
-                            resident: true,
-                        };
-                        matmul_in(isa, WRef::of(&w), rows, cols, &x, 1, &mut cold_y, cold);
-                        matmul_in(isa, WRef::of(&hot), rows, cols, &x, 1, &mut hot_y, warm);
-                        let what = format!("{isa} {kind:?} {rows}x{cols} threads={threads}");
-                        for r in 0..rows {
-                            assert_eq!(hot_y[r].to_bits(), cold_y[r].to_bits(), "{what} row {r}");
+                        for n in [1, 2, 3, 5, 6] {
+                            let xn = &xs[..n * cols]; // [n, cols]
+                            let mut cold_y = vec![0.0f32; n * rows]; // [n, rows]
+                            let mut hot_y = vec![0.0f32; n * rows]; // [n, rows]
+                            matmul_in(isa, WRef::of(&w), rows, cols, xn, n, &mut cold_y, cold);
+                            matmul_in(isa, WRef::of(&hot), rows, cols, xn, n, &mut hot_y, warm);
+                            let what = format!("{isa} {kind:?} {rows}x{cols} n={n} t={threads}");
+                            for (i, (h, c)) in hot_y.iter().zip(&cold_y).enumerate() {
+                                assert_eq!(h.to_bits(), c.to_bits(), "{what} element {i}");
+                            }
                         }
-                        // the engine's entry points: matmul and matmul_many on the pinned ISA
+                        let what = format!("{isa} {kind:?} {rows}x{cols} threads={threads}");
+                        let mut cold_y = vec![0.0f32; rows]; // [rows]
+                                                             // the engine's entry points: matmul and matmul_many on the pinned ISA
                         let mut y = vec![0.0f32; rows]; // [rows]
                         let mut y2 = vec![0.0f32; rows]; // [rows]
-                        matmul(&w, &x, 1, &mut cold_y);
-                        matmul(&hot, &x, 1, &mut y);
-                        matmul_many(vec![(&hot, &x[..], &mut y2[..])]);
+                        matmul(&w, x, 1, &mut cold_y);
+                        matmul(&hot, x, 1, &mut y);
+                        matmul_many(vec![(&hot, x, &mut y2[..])]);
                         for r in 0..rows {
                             assert_eq!(
                                 y[r].to_bits(),

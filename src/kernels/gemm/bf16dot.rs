@@ -63,7 +63,10 @@ const MR1: usize = 1;
 /// 4 rows per tile in between. Not for weights streamed from DRAM: 4-row tiles streamed the
 /// widened target's 1536 x 512 and 1536 x 256 matrices 10-20 % slower than one-row tiles. The
 /// software prefetch of the next tile made the resident walk slower (79 vs 65 us per token
-/// on one thread), so these tiles prefetch nothing.
+/// on one thread), so these tiles prefetch nothing. For the same reason 2..6 tokens over
+/// resident weights take the 4 x n tiles instead of one-row tiles (rounds of a 2-token
+/// catch-up and 7 one-token drafts, one thread, three alternated runs: 78-79 -> 69-71 us per
+/// token).
 const MR1_RESIDENT: usize = 8;
 /// Rows per register tile of the one-token fp8 path (its conversion hides the chain latency;
 /// not re-measured with one row).
@@ -818,7 +821,13 @@ impl Job<'_> {
         for tb0 in (0..n).step_by(TOKEN_BLOCK) {
             let tb1 = (tb0 + TOKEN_BLOCK).min(n);
             let mut i0 = 0;
-            let mr = if one_row_tiles(n, cols) { 1 } else { MR };
+            // cache-resident weights (a draft model's catch-up) take 4 x n tiles whatever the
+            // row: no DRAM stream to keep single, and four times the independent chains
+            let mr = if one_row_tiles(n, cols) && !self.resident {
+                1
+            } else {
+                MR
+            };
             while i0 < nrows {
                 let m = if nrows - i0 >= mr { mr } else { 1 };
                 let w = w0.add(i0 * cols);
