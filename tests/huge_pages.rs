@@ -68,8 +68,7 @@ fn huge_page_weights_decode_the_same_and_bad_files_still_fail() {
     let draft_bytes = std::fs::metadata(repo().join("models/draft/model.safetensors"))
         .unwrap()
         .len();
-    let small =
-        specmla::kernels::last_level_cache_bytes().is_some_and(|llc| draft_bytes * 4 <= llc as u64);
+    let small = specmla::kernels::stays_cached(draft_bytes);
     if let (Some(before), Some(after)) = (before, anon_huge_kb()) {
         assert!(
             after < before + 4 * 2048,

@@ -57,7 +57,7 @@ impl Model {
         let ld = Loader {
             store,
             quant: config.quantization,
-            resident: stays_cached(store.total_bytes()),
+            resident: crate::kernels::stays_cached(store.total_bytes() as u64),
         };
         let c = &config;
         let h = c.hidden_size;
@@ -107,20 +107,6 @@ impl Model {
             v4: None,
         })
     }
-}
-
-/// Whether a model of `bytes` of weights stays in the last-level cache between its forwards:
-/// at most a quarter of it (the rest is left to the other model of a speculative pair, the KV
-/// cache and the activations). The bundled draft (4.3 MB) does on a 32 MB L3; a target
-/// streaming its weights from DRAM every step does not. Only the kernels' tiling follows
-/// (`Matrix::cache_resident`), never a result.
-fn stays_cached(bytes: usize) -> bool {
-    fits_cache(bytes, crate::kernels::last_level_cache_bytes())
-}
-
-/// [`stays_cached`] for a last-level cache of `llc` bytes (None: unknown, so no).
-fn fits_cache(bytes: usize, llc: Option<usize>) -> bool {
-    llc.is_some_and(|llc| bytes.saturating_mul(4) <= llc)
 }
 
 fn load_mlp(ld: &Loader, p: &str, inter: usize, hidden: usize) -> Result<Expert> {
@@ -332,29 +318,4 @@ fn transpose<T: Copy + Default>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
         }
     }
     t
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fits_cache;
-
-    #[test]
-    fn only_models_well_inside_the_last_level_cache_count_as_cached() {
-        let l3 = 32 << 20;
-        assert!(
-            fits_cache(4_279_984, Some(l3)),
-            "the bundled draft on a 32 MB L3"
-        );
-        assert!(fits_cache(8 << 20, Some(l3)), "a quarter of it");
-        assert!(!fits_cache((8 << 20) + 1, Some(l3)));
-        assert!(!fits_cache(88_916_552, Some(l3)), "the bundled target");
-        assert!(
-            !fits_cache(4_279_984, None),
-            "unknown cache: stream from DRAM"
-        );
-        assert!(
-            !fits_cache(usize::MAX / 2, Some(usize::MAX / 2)),
-            "no overflow"
-        );
-    }
 }

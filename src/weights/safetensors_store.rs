@@ -405,7 +405,11 @@ fn map_file(p: &Path, huge_pages: bool) -> Result<Shard> {
     let path = p.display().to_string();
     let backing = if len == 0 {
         Backing::Bytes(Vec::new())
-    } else if huge_pages || stays_cached(len) {
+    } else if huge_pages || crate::kernels::stays_cached(len) {
+        // A file that small (a draft model) is read ~8 times per speculative step right after
+        // the target streamed hundreds of MB, which evicted the TLB entries and page-table
+        // lines of its 4 KB pages; in 2 MB pages it needs 3 entries instead of ~1000, for a
+        // copy of a few MB once.
         read_into_huge_pages(f, len, p)?
     } else {
         // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as
@@ -429,19 +433,6 @@ fn map_file(p: &Path, huge_pages: bool) -> Result<Shard> {
         path,
         backing: Arc::new(backing),
     })
-}
-
-/// Whether a file of `len` bytes is small enough to be read into huge pages whatever the
-/// setting: at most a quarter of the last-level cache (the bundled draft, 4.3 MB, on a 32 MB
-/// L3), the size whose weights stay cached between forwards (`Matrix::cache_resident`). Such a
-/// model is read ~8 times per speculative step right after the target streamed hundreds of MB,
-/// which evicted its 4 KB pages' TLB entries and page-table lines; in 2 MB pages its weights
-/// need 3 TLB entries instead of ~1000. The copy costs a few MB once. Measured on Zen 5 (the
-/// bundled draft beside the widened target, `generate --num-draft-tokens 8` over 8 workload
-/// prompts, two alternated pairs): drafting 0.052-0.060 s mapped vs 0.047-0.048 s in huge pages.
-fn stays_cached(len: u64) -> bool {
-    let llc = crate::kernels::last_level_cache_bytes();
-    llc.is_some_and(|llc| len.saturating_mul(4) <= llc as u64)
 }
 
 /// The `len` bytes of `f` in an anonymous mapping advised `MADV_HUGEPAGE` before it is written

@@ -517,8 +517,8 @@ struct Job<'a> {
     /// [tiles, 3, cols / 2, tile tokens, 2] (`amx::pack_splits`); bf16-dot path: x rounded to
     /// bf16, [n, cols] (`bf16dot::pack_bf16`); else empty.
     bpack: &'a [u16],
-    /// The weights are expected in the CPU caches ([`Matrix::cache_resident`]): the one-token
-    /// bf16-dot path takes several rows per register tile.
+    /// The weights are expected in the CPU caches ([`Matrix::cache_resident`]): the bf16-dot
+    /// path takes several rows per register tile at 1..6 tokens.
     resident: bool,
 }
 
