@@ -17,7 +17,8 @@
 //! cost model), `cache_info.rs` (the last-level cache size, from sysfs), `lanes.rs` (the order, portable), `simd.rs` (the order, AVX2), `simd512.rs` (the order,
 //! AVX-512), `amx.rs` (AMX tile permission, configuration and instructions for the bf16 GEMM's
 //! `amx` level), `isa.rs` (run-time choice), `aligned.rs` (cache-line aligned scratch), `par.rs` (when a loop is
-//! worth the rayon pool), `prefetch.rs` (which cache level the weight prefetches target).
+//! worth the rayon pool), `prefetch.rs` (which cache level the weight prefetches target), `profile.rs` (opt-in wall time of
+//! every matmul by shape).
 //! Parallel work runs in whatever rayon pool the caller installed.
 
 mod aligned;
@@ -32,6 +33,7 @@ mod lanes;
 pub mod matrix;
 mod par;
 mod prefetch;
+mod profile;
 mod rows;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -49,6 +51,9 @@ pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, with_thread_scratch, worth_parallel};
 pub use prefetch::{prefetch_hint, set_prefetch_hint, PrefetchHint};
+pub use profile::{
+    matmul_profile, reset_matmul_profile, set_matmul_profiling, MatmulStat, ShapeKey,
+};
 pub use rows::Rows;
 pub use vec_ops::{
     axpy, dot, dot_rows, log_softmax, matrix_row_f32, rms_norm, silu_mul, softmax_inplace,

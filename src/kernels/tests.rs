@@ -366,6 +366,41 @@ fn cache_resident_tiles_are_the_same_bits() {
     }
 }
 
+/// `set_matmul_profiling`: while on, every `matmul` / `matmul_many` call is counted under its
+/// shape with its weight bytes and a time; while off, nothing is (shapes no other test uses).
+#[test]
+fn matmul_profile_counts_calls_by_shape_only_while_on() {
+    let mut rng = Rng(0x9f0f);
+    let a = random_matrix(&mut rng, Kind::Bf16, 29, 96); // [29, 96]
+    let b = random_matrix(&mut rng, Kind::F32, 31, 96); // [31, 96]
+    let x = rng.vec(3 * 96); // [3, 96]
+    let mut y = vec![0.0f32; 3 * 31]; // [3, 31]
+    let key = |rows, tokens, many| ShapeKey {
+        rows,
+        cols: 96,
+        tokens,
+        many,
+    };
+    let find = |k: ShapeKey| matmul_profile().into_iter().find(|s| s.shape == k);
+    matmul(&a, &x, 3, &mut y[..87]);
+    assert!(find(key(29, 3, false)).is_none(), "counted while off");
+    set_matmul_profiling(true);
+    matmul(&a, &x, 3, &mut y[..87]);
+    matmul(&a, &x, 3, &mut y[..87]);
+    let (mut ya, mut yb) = (vec![0.0f32; 29], vec![0.0f32; 31]);
+    matmul_many(vec![
+        (&a, &x[..96], &mut ya[..]),
+        (&b, &x[..96], &mut yb[..]),
+    ]);
+    set_matmul_profiling(false);
+    matmul(&a, &x, 3, &mut y[..87]);
+    let s = find(key(29, 3, false)).expect("matmul counted");
+    assert_eq!((s.calls, s.weight_bytes), (2, 2 * 29 * 96 * 2));
+    assert!(s.seconds > 0.0 && s.weight_gb_s() > 0.0);
+    let m = find(key(60, 1, true)).expect("matmul_many counted");
+    assert_eq!((m.calls, m.weight_bytes), (1, 29 * 96 * 2 + 31 * 96 * 4));
+}
+
 #[test]
 fn batch_invariance_bitwise_portable() {
     for kind in KINDS {

@@ -108,6 +108,11 @@ pub struct GenerateArgs {
     /// pages; a slower load for fewer TLB misses while decoding; same results).
     #[arg(long)]
     pub huge_pages: bool,
+    /// Time every weight matmul by shape and print the sums to stderr at the end (calls,
+    /// milliseconds, GB/s of weights): per-call evidence that whole-run timings on a noisy host
+    /// cannot give. Same results; off by default.
+    #[arg(long)]
+    pub profile_matmuls: bool,
     /// Device of the target's forward: cpu, cuda or cuda:N (the CUDA backend: V2 / V3 targets,
     /// bf16 KV, bf16 routed experts; no prefix cache or KV tier there).
     #[arg(long, default_value = "cpu")]
@@ -338,6 +343,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         _ => DraftSource::None,
     };
     let reqs = build_requests(&a)?;
+    specmla::kernels::set_matmul_profiling(a.profile_matmuls);
     let mut swaps = parse_swaps(&a)?;
     swaps.reverse();
     let engine = Engine::new(&a.model, draft, cfg)?;
@@ -420,6 +426,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
             stats.time_target_forward_s, stats.time_draft_s
         );
     }
+    if a.profile_matmuls {
+        print_matmul_profile();
+    }
     for (arm, c, tpot) in engine.arm_stats() {
         let line = json!({
             "arm": arm,
@@ -456,6 +465,37 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `--profile-matmuls`: the per-shape sums, the 30 longest first, then what the rest took
+/// (`many`: one-token passes through several matrices at once, rows summed). Calls that run
+/// side by side (an MoE layer's experts on both threads, the shared experts beside them) each
+/// show their own wall time, so their GB/s is a per-call rate, not the machine's.
+fn print_matmul_profile() {
+    const SHOWN: usize = 30;
+    let all = specmla::kernels::matmul_profile();
+    eprintln!("matmul profile: rows x cols, tokens, calls, ms, weight GB/s");
+    for s in all.iter().take(SHOWN) {
+        let k = s.shape;
+        eprintln!(
+            "  {:6} x {:6} n={:<4}{} calls={:<7} ms={:9.2} GB/s={:6.1}",
+            k.rows,
+            k.cols,
+            k.tokens,
+            if k.many { " (many)" } else { "       " },
+            s.calls,
+            s.seconds * 1e3,
+            s.weight_gb_s()
+        );
+    }
+    if all.len() > SHOWN {
+        let rest: f64 = all[SHOWN..].iter().map(|s| s.seconds).sum();
+        eprintln!(
+            "  ... {} more shapes, {:.2} ms",
+            all.len() - SHOWN,
+            rest * 1e3
+        );
+    }
 }
 
 #[cfg(test)]

@@ -35,7 +35,7 @@ mod f16x64;
 
 use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};
-use super::{Isa, Matrix, MatrixData};
+use super::{Isa, Matrix, MatrixData, ShapeKey};
 
 /// Rows per rayon task (and per scratch block) for one token / several tokens. One-token blocks
 /// of 128 rows (512 KiB of a 2048-column bf16 matrix) cost fewer task hand-offs per byte than 32:
@@ -98,16 +98,24 @@ pub fn matmul(w: &Matrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
         may_fork: true,
         resident: w.cache_resident(),
     };
-    matmul_in(
-        Isa::current(),
-        WRef::of(w),
-        w.rows,
-        w.cols,
-        x,
-        n_tokens,
-        y,
-        how,
-    );
+    let key = ShapeKey {
+        rows: w.rows,
+        cols: w.cols,
+        tokens: n_tokens,
+        many: false,
+    };
+    super::profile::timed(key, w.nbytes(), || {
+        matmul_in(
+            Isa::current(),
+            WRef::of(w),
+            w.rows,
+            w.cols,
+            x,
+            n_tokens,
+            y,
+            how,
+        )
+    });
 }
 
 /// Same for a borrowed f32 matrix [rows, cols] (attention absorption, router gate).
@@ -155,6 +163,23 @@ pub fn matmul_rows_serial(
 /// while the last blocks of the previous one finish. Each element is computed exactly as by
 /// [`matmul`] with n = 1.
 pub fn matmul_many(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
+    let cols = items.first().map_or(0, |(w, _, _)| w.cols);
+    let key = ShapeKey {
+        rows: items.iter().map(|(w, _, _)| w.rows).sum(),
+        cols: if items.iter().all(|(w, _, _)| w.cols == cols) {
+            cols
+        } else {
+            0
+        },
+        tokens: 1,
+        many: true,
+    };
+    let bytes = items.iter().map(|(w, _, _)| w.nbytes()).sum();
+    super::profile::timed(key, bytes, || matmul_many_in(items))
+}
+
+/// [`matmul_many`] itself.
+fn matmul_many_in(items: Vec<(&Matrix, &[f32], &mut [f32])>) {
     let isa = Isa::current();
     // Shapes first; then the bf16 operands of the AMX / bf16-dot paths, one buffer per item
     // that takes one (with its packed length).
