@@ -80,10 +80,16 @@ pub fn reset_matmul_profile() {
     *STATS.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
 
+/// Whether profiling is on (callers skip building a key otherwise).
+#[inline]
+pub(crate) fn on() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
 /// Run `f` (one matmul call of `key` over `bytes` of weights), timed when profiling is on.
 #[inline]
 pub(crate) fn timed<R>(key: ShapeKey, bytes: usize, f: impl FnOnce() -> R) -> R {
-    if !ON.load(Ordering::Relaxed) {
+    if !on() {
         return f();
     }
     let t = Instant::now();
