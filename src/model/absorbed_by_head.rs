@@ -29,7 +29,7 @@ use crate::kernels::{
 };
 use crate::kv::{KvCache, SeqKv};
 
-use super::attention::{head_q_lat, kv_width, rows_or_copy, scatter_heads, SPAN};
+use super::attention::{head_q_lat, kv_width, put_head_q_abs, rows_or_copy, scatter_heads, SPAN};
 use super::weights::Attention;
 
 /// Most keys for which [`absorbed_by_head`] is taken: one span of the streamed path, so each
@@ -65,11 +65,7 @@ pub(super) fn absorbed_by_head(
     let o_heads: Vec<Vec<f32>> = map_indices(nh, nh * m * keys * kvd, |h| {
         let ql = head_q_lat(cfg, a, q, h); // [m, kv_lora]
         let mut qa = vec![0f32; m * kvd]; // [m, kv_lora + rope]
-        for i in 0..m {
-            qa[i * kvd..i * kvd + kvl].copy_from_slice(&ql[i * kvl..(i + 1) * kvl]);
-            qa[i * kvd + kvl..(i + 1) * kvd]
-                .copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
-        }
+        put_head_q_abs(cfg, q, h, &ql, &mut qa, kvd);
         let ctx = head_context(lat, keys, kvl, scale, start, &qa); // [m, kv_lora]
         let mut oh = vec![0f32; m * vdim]; // [m, v]
         matmul(&a.w_uv[h], &ctx, m, &mut oh);

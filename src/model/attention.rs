@@ -365,11 +365,7 @@ fn absorb_queries(cfg: &ModelConfig, a: &Attention, q: &[f32]) -> Vec<f32> {
         map_indices(nh, nh * m * nope * kvl, |h| head_q_lat(cfg, a, q, h))
     };
     for (h, ql) in q_lat.iter().enumerate() {
-        for i in 0..m {
-            let dst = &mut q_abs[(i * nh + h) * kvd..(i * nh + h + 1) * kvd];
-            dst[..kvl].copy_from_slice(&ql[i * kvl..(i + 1) * kvl]);
-            dst[kvl..].copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
-        }
+        put_head_q_abs(cfg, q, h, ql, &mut q_abs[h * kvd..], nh * kvd);
     }
     q_abs
 }
@@ -572,6 +568,27 @@ pub(super) fn head_q_lat(cfg: &ModelConfig, a: &Attention, q: &[f32], h: usize) 
     let mut ql = vec![0f32; m * kvl]; // [m, kv_lora]
     matmul(&a.w_uk_t[h], &qn, m, &mut ql);
     ql
+}
+
+/// Head `h`'s absorbed queries [q_lat | q_pe] (kv_lora + rope values per query) from its
+/// `ql`: [m, kv_lora] and q: [m, H, nope + rope], query i's at `dst[i * stride..]`.
+pub(super) fn put_head_q_abs(
+    cfg: &ModelConfig,
+    q: &[f32],
+    h: usize,
+    ql: &[f32],
+    dst: &mut [f32],
+    stride: usize,
+) {
+    let nh = cfg.num_attention_heads;
+    let (nope, kvl) = (cfg.qk_nope_head_dim, cfg.kv_lora_rank);
+    let qk = nope + cfg.qk_rope_head_dim;
+    let kvd = kvl + cfg.qk_rope_head_dim;
+    for (i, ql_i) in ql.chunks_exact(kvl).enumerate() {
+        let d = &mut dst[i * stride..i * stride + kvd];
+        d[..kvl].copy_from_slice(ql_i);
+        d[kvl..].copy_from_slice(&q[(i * nh + h) * qk + nope..(i * nh + h + 1) * qk]);
+    }
 }
 
 /// Every head's rows `o_heads[h]`: [m, width] into out: [m, H, width].
