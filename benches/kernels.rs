@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use specmla::kernels::{
     dot_rows, for_each_row, matmul, matmul_f32, measure_peak_flops, measure_read_bandwidth,
-    pin_thread, set_prefetch_hint, Isa, Matrix, PrefetchHint,
+    pin_thread, set_prefetch_hint, set_tile_prefetch_hint, Isa, Matrix, PrefetchHint,
 };
 
 fn pool(threads: usize) -> rayon::ThreadPool {
@@ -456,7 +456,10 @@ fn small_n(rows: usize, cols: usize, count: u64) {
 /// on a decode-step-like walk (a 102400 x 2048 lm_head plus 16 expert-sized 1408 x 2048
 /// matrices, 476 MB of bf16; the fp8 walk the same shapes), 2 threads, the default ISA, at
 /// n = 1 (the GEMV tile), 2 and 9 tokens (the direct tiles), L1 and L2 hints alternated for 7
-/// rounds: median GB/s of weights streamed per hint and their ratio. Outputs are compared bitwise.
+/// rounds: median GB/s of weights streamed per hint and their ratio. Both hints are set alike
+/// (the one-token hint and the several-token tiles' hint, `set_tile_prefetch_hint`), so n = 1
+/// compares the first and n > 1 the second where the tiles are AVX512-BF16. Outputs are
+/// compared bitwise.
 fn prefetch_hints() {
     let p = pool(2);
     for fp8 in [false, true] {
@@ -478,6 +481,7 @@ fn prefetch_hints() {
             for round in 0..8 {
                 for (h, hint) in [PrefetchHint::L1, PrefetchHint::L2].into_iter().enumerate() {
                     set_prefetch_hint(Some(hint));
+                    set_tile_prefetch_hint(Some(hint));
                     let t = Instant::now();
                     p.install(|| {
                         for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -501,5 +505,10 @@ fn prefetch_hints() {
         }
     }
     set_prefetch_hint(None);
-    println!("default hint on this CPU: {:?}", PrefetchHint::detect());
+    set_tile_prefetch_hint(None);
+    println!(
+        "default hints on this CPU: {:?} (one token), {:?} (several-token bf16-dot tiles)",
+        PrefetchHint::detect(),
+        PrefetchHint::detect_tiles()
+    );
 }

@@ -50,7 +50,9 @@ pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
 pub use par::{for_each_row, map_indices, with_thread_scratch, worth_parallel};
-pub use prefetch::{prefetch_hint, set_prefetch_hint, PrefetchHint};
+pub use prefetch::{
+    prefetch_hint, set_prefetch_hint, set_tile_prefetch_hint, tile_prefetch_hint, PrefetchHint,
+};
 pub use profile::{
     matmul_profile, reset_matmul_profile, set_matmul_profiling, MatmulStat, ShapeKey,
 };

@@ -7,8 +7,17 @@
 //! chosen once per process from the CPU vendor: AMD (Zen) prefetches into the L2, which measured
 //! 1.3x the streaming rate of L1 prefetches there (docs/BENCHMARKS.md, "Weight prefetch hint");
 //! everything else keeps the L1 hint that measured best on Intel Xeon. [`set_prefetch_hint`]
-//! overrides it (benchmarks compare both in one process). Exception: the AVX512-BF16 tiles of
-//! several tokens (`gemm/bf16dot.rs`) always prefetch into the L1, measured faster on Zen 5.
+//! overrides it (benchmarks compare both in one process).
+//!
+//! The AVX512-BF16 tiles of several tokens (`gemm/bf16dot.rs`: prefill, batched decode,
+//! verification) have a hint of their own ([`tile_prefetch_hint`]), because there the best level
+//! differs between AMD generations: Zen 5 (family 0x1A) streamed 1-38 % more with L1
+//! prefetches in 32 of 37 cache-flushed walks of the widened target's shapes; Zen 4 (family
+//! 0x19, whose `vdpbf16ps` runs at half Zen 5's rate, so a 9-token tile spends twice as long on
+//! each weight line) streamed its 7..9-token products 1.6-1.8x faster with L2 prefetches
+//! (docs/BENCHMARKS.md "Zen 4: several-token tiles prefetch into the L2"). So: L2 on AMD
+//! families up to 0x19, L1 on Zen 5 and on everything else; [`set_tile_prefetch_hint`]
+//! overrides it.
 //!
 //! Guarantee: a prefetch never changes a result, only when bytes arrive; both hints give the same
 //! bits on every ISA level.
@@ -45,6 +54,17 @@ impl PrefetchHint {
     /// The default for this CPU: L2 on AMD, L1 elsewhere.
     pub fn detect() -> PrefetchHint {
         if cpu_vendor_is_amd() {
+            PrefetchHint::L2
+        } else {
+            PrefetchHint::L1
+        }
+    }
+
+    /// The default of the several-token AVX512-BF16 tiles on this CPU: L2 on AMD up to family
+    /// 0x19 (Zen 4: its half-rate `vdpbf16ps` keeps a tile on each line long enough that L1
+    /// prefetches arrive too late), L1 on Zen 5 and elsewhere (module docs).
+    pub fn detect_tiles() -> PrefetchHint {
+        if cpu_vendor_is_amd() && cpu_family() <= 0x19 {
             PrefetchHint::L2
         } else {
             PrefetchHint::L1
@@ -87,6 +107,42 @@ pub(crate) fn prefetch_to_l2() -> bool {
     prefetch_hint() == PrefetchHint::L2
 }
 
+/// 0: not chosen yet; 1: L1; 2: L2 — the several-token tiles' hint.
+static TILE_HINT: AtomicU8 = AtomicU8::new(0);
+
+/// The hint of the several-token AVX512-BF16 tiles in force (detected on first use unless
+/// [`set_tile_prefetch_hint`] chose one).
+pub fn tile_prefetch_hint() -> PrefetchHint {
+    match TILE_HINT.load(Ordering::Relaxed) {
+        1 => PrefetchHint::L1,
+        2 => PrefetchHint::L2,
+        _ => {
+            let h = PrefetchHint::detect_tiles();
+            set_tile_prefetch_hint(Some(h));
+            h
+        }
+    }
+}
+
+/// Choose the several-token tiles' hint for the whole process (`None`: back to this CPU's
+/// default). Results are the same either way; only speed changes.
+pub fn set_tile_prefetch_hint(h: Option<PrefetchHint>) {
+    let h = h.unwrap_or_else(PrefetchHint::detect_tiles);
+    TILE_HINT.store(
+        match h {
+            PrefetchHint::L1 => 1,
+            PrefetchHint::L2 => 2,
+        },
+        Ordering::Relaxed,
+    );
+}
+
+/// True when the several-token tiles prefetch into the L2 only (read once per tile call).
+#[inline]
+pub(crate) fn tile_prefetch_to_l2() -> bool {
+    tile_prefetch_hint() == PrefetchHint::L2
+}
+
 /// Prefetch the cache line at `p` with the hint chosen by `l2` (`p` need not be valid memory:
 /// a prefetch never faults).
 #[cfg(target_arch = "x86_64")]
@@ -97,6 +153,26 @@ pub(crate) unsafe fn prefetch_line(p: *const i8, l2: bool) {
         _mm_prefetch::<_MM_HINT_T1>(p);
     } else {
         _mm_prefetch::<_MM_HINT_T0>(p);
+    }
+}
+
+/// The CPU's family (CPUID leaf 1: base family, plus the extended family where the base is
+/// 0xF — AMD Zen 4 is 0x19, Zen 5 0x1A); 0 off x86_64.
+fn cpu_family() -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 1 exists on every x86_64 CPU.
+        let a = std::arch::x86_64::__cpuid(1).eax;
+        let base = (a >> 8) & 0xF;
+        if base == 0xF {
+            base + ((a >> 20) & 0xFF)
+        } else {
+            base
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
     }
 }
 
@@ -129,6 +205,15 @@ mod tests {
         assert_eq!(PrefetchHint::parse("l3"), None);
         let d = PrefetchHint::detect();
         assert_eq!(d == PrefetchHint::L2, cpu_vendor_is_amd());
+        let t = PrefetchHint::detect_tiles();
+        assert_eq!(
+            t == PrefetchHint::L2,
+            cpu_vendor_is_amd() && cpu_family() <= 0x19
+        );
+        // every AVX-512 CPU is of a family past the 486's (the leaf-1 decoding adds up)
+        if cpu_vendor_is_amd() {
+            assert!(cpu_family() >= 0xF, "family {:#x}", cpu_family());
+        }
     }
 
     /// Both hints give bitwise the same matmul outputs on every ISA level, for every weight
@@ -160,7 +245,7 @@ mod tests {
             ),
             Matrix::from_fp8(rows, cols, bytes, vec![0.01; 5], 128, 128),
         ];
-        let before = prefetch_hint();
+        let (before, before_tiles) = (prefetch_hint(), tile_prefetch_hint());
         for isa in Isa::available() {
             pin_thread(Some(isa));
             for w in &mats {
@@ -168,22 +253,33 @@ mod tests {
                     let x: Vec<f32> = (0..n * cols)
                         .map(|_| (next() >> 40) as f32 / 1e7 - 0.8)
                         .collect();
-                    let mut out = [vec![0.0f32; n * rows], vec![0.0f32; n * rows]];
-                    for (h, o) in [PrefetchHint::L1, PrefetchHint::L2].iter().zip(&mut out) {
+                    // (one-token hint, tiles' hint): every pair
+                    let pairs = [
+                        (PrefetchHint::L1, PrefetchHint::L1),
+                        (PrefetchHint::L2, PrefetchHint::L1),
+                        (PrefetchHint::L1, PrefetchHint::L2),
+                        (PrefetchHint::L2, PrefetchHint::L2),
+                    ];
+                    let mut out = vec![vec![0.0f32; n * rows]; pairs.len()];
+                    for ((h, t), o) in pairs.iter().zip(&mut out) {
                         set_prefetch_hint(Some(*h));
+                        set_tile_prefetch_hint(Some(*t));
                         matmul(w, &x, n, o);
                     }
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&out[0]),
-                        bits(&out[1]),
-                        "{isa} {} n={n}",
-                        w.dtype_name()
-                    );
+                    for (p, o) in pairs.iter().zip(&out).skip(1) {
+                        assert_eq!(
+                            bits(&out[0]),
+                            bits(o),
+                            "{isa} {} n={n} hints {p:?}",
+                            w.dtype_name()
+                        );
+                    }
                 }
             }
         }
         pin_thread(None);
         set_prefetch_hint(Some(before));
+        set_tile_prefetch_hint(Some(before_tiles));
     }
 }

@@ -113,6 +113,15 @@ pub struct GenerateArgs {
     /// cannot give. Same results; off by default.
     #[arg(long)]
     pub profile_matmuls: bool,
+    /// Weight prefetch hint of the one-token streaming kernels: auto (L2 on AMD, L1
+    /// elsewhere), l1, l2. Process-wide; never changes results.
+    #[arg(long, default_value = "auto")]
+    pub prefetch: String,
+    /// Weight prefetch hint of the AVX512-BF16 tiles of several tokens (prefill, batches,
+    /// verification): auto (L2 on AMD up to Zen 4, L1 on Zen 5 and elsewhere), l1, l2.
+    /// Process-wide; never changes results.
+    #[arg(long, default_value = "auto")]
+    pub prefetch_tiles: String,
     /// Device of the target's forward: cpu, cuda or cuda:N (the CUDA backend: V2 / V3 targets,
     /// bf16 KV, bf16 routed experts; no prefix cache or KV tier there).
     #[arg(long, default_value = "cpu")]
@@ -177,9 +186,10 @@ pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
     })
 }
 
-pub fn parse_prefetch(s: &str) -> Result<Option<specmla::kernels::PrefetchHint>> {
+/// A prefetch hint option's value (`flag` names it in the error; None = this CPU's default).
+pub fn parse_prefetch(flag: &str, s: &str) -> Result<Option<specmla::kernels::PrefetchHint>> {
     specmla::kernels::PrefetchHint::parse(s)
-        .ok_or_else(|| Error::InvalidArgument(format!("--prefetch: unknown `{s}` (auto, l1, l2)")))
+        .ok_or_else(|| Error::InvalidArgument(format!("{flag}: unknown `{s}` (auto, l1, l2)")))
 }
 
 pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
@@ -344,6 +354,11 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let reqs = build_requests(&a)?;
     specmla::kernels::set_matmul_profiling(a.profile_matmuls);
+    specmla::kernels::set_prefetch_hint(parse_prefetch("--prefetch", &a.prefetch)?);
+    specmla::kernels::set_tile_prefetch_hint(parse_prefetch(
+        "--prefetch-tiles",
+        &a.prefetch_tiles,
+    )?);
     let mut swaps = parse_swaps(&a)?;
     swaps.reverse();
     let engine = Engine::new(&a.model, draft, cfg)?;

@@ -106,6 +106,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             "description": isa.describe(),
             "available": specmla::kernels::Isa::available().iter().map(|i| i.to_string()).collect::<Vec<_>>(),
             "weight_prefetch": specmla::kernels::prefetch_hint().name(),
+            "weight_prefetch_tiles": specmla::kernels::tile_prefetch_hint().name(),
         },
         "cuda": {
             "driver_loadable": specmla::cuda::device::driver_present(),

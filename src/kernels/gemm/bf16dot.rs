@@ -37,7 +37,7 @@
 use std::arch::x86_64::*;
 
 use super::{Job, WRef};
-use crate::kernels::prefetch::{prefetch_line, prefetch_to_l2};
+use crate::kernels::prefetch::{prefetch_line, prefetch_to_l2, tile_prefetch_to_l2};
 use crate::kernels::simd::hsum8;
 
 /// bf16 columns per `vdpbf16ps` (one 512-bit register of weights).
@@ -335,11 +335,18 @@ unsafe fn tile_span<const R: usize, const T: usize>(
     carry: Option<Carry>,
 ) {
     // One token: the process-wide hint (the L2 on AMD, where a pure stream measured faster so).
-    // Several tokens: always the L1. Their tiles spend longer on each line, so a line left in
-    // the L2 costs its L2-to-L1 latency in the middle of the dot work; on Zen 5 (rotated,
-    // cache-flushed walks of the widened target's shapes, 2..16 tokens) the L1 hint streamed
-    // 1-38 % more in 32 of 37 cases and tied the rest (BENCHMARKS.md "Kernel walks re-checked").
-    let l2 = T == 1 && prefetch_to_l2();
+    // Several tokens: the tiles' own hint (`prefetch::tile_prefetch_hint`). Their tiles spend
+    // longer on each line: on Zen 5 a line left in the L2 cost its L2-to-L1 latency in the
+    // middle of the dot work (the L1 hint streamed 1-38 % more in 32 of 37 cache-flushed walks;
+    // BENCHMARKS.md "Kernel walks re-checked"), while on Zen 4, whose `vdpbf16ps` runs at half
+    // the rate, L1 prefetches issued a few tiles ahead arrived late and 7..9-token walks
+    // streamed 1.6-1.8x faster with L2 prefetches (BENCHMARKS.md "Zen 4: several-token tiles
+    // prefetch into the L2").
+    let l2 = if T == 1 {
+        prefetch_to_l2()
+    } else {
+        tile_prefetch_to_l2()
+    };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     if let Some(c) = carry.filter(|c| !c.first) {
         for (i, ai) in acc.iter_mut().enumerate() {

@@ -300,9 +300,12 @@ pub fn run(
         isa.describe(),
         specmla::kernels::prefetch_hint().name().to_uppercase(),
         if isa.bf16_dot() {
-            " (bf16-dot tiles of several tokens: L1)"
+            format!(
+                " (bf16-dot tiles of several tokens: {})",
+                specmla::kernels::tile_prefetch_hint().name().to_uppercase()
+            )
         } else {
-            ""
+            String::new()
         }
     );
     text += &format!(

@@ -70,11 +70,15 @@ pub struct BenchArgs {
     /// portable: f32 results), portable, avx2, avx512, avx512bf16; opt-in only: amx.
     #[arg(long, default_value = "auto")]
     pub isa: String,
-    /// Weight prefetch hint of the streaming kernels: auto (L2 on AMD, L1 elsewhere), l1, l2.
-    /// Process-wide; never changes results (the AVX512-BF16 tiles of several tokens always
-    /// prefetch into L1).
+    /// Weight prefetch hint of the one-token streaming kernels: auto (L2 on AMD, L1
+    /// elsewhere), l1, l2. Process-wide; never changes results.
     #[arg(long, default_value = "auto")]
     pub prefetch: String,
+    /// Weight prefetch hint of the AVX512-BF16 tiles of several tokens (prefill, batches,
+    /// verification): auto (L2 on AMD up to Zen 4, L1 on Zen 5 and elsewhere), l1, l2.
+    /// Process-wide; never changes results.
+    #[arg(long, default_value = "auto")]
+    pub prefetch_tiles: String,
     /// Read the weights into huge pages instead of mapping the files (`generate --huge-pages`).
     #[arg(long)]
     pub huge_pages: bool,
@@ -457,7 +461,14 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
-    specmla::kernels::set_prefetch_hint(crate::generate::parse_prefetch(&a.prefetch)?);
+    specmla::kernels::set_prefetch_hint(crate::generate::parse_prefetch(
+        "--prefetch",
+        &a.prefetch,
+    )?);
+    specmla::kernels::set_tile_prefetch_hint(crate::generate::parse_prefetch(
+        "--prefetch-tiles",
+        &a.prefetch_tiles,
+    )?);
     specmla::weights::set_huge_page_weights(a.huge_pages);
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
     let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4 && !a.ttft);
