@@ -17,9 +17,10 @@
 //! (the hardware's fixed pair order); then the fixed tree: lanes l and l + 8 added, then the
 //! 8-lane tree of `lanes.rs`. Tiles (rows x tokens per register block: 1 x 1 for one token, 8 x 1
 //! for one token of fp8; 1 x n for 2..=6 tokens whose activations fit L1;
-//! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights, and the same
-//! tiles span by span over longer rows, each tile's accumulators stashed between its column
-//! spans; 4 x 6 passes otherwise) change only which elements are computed together.
+//! 3 x 7, 2 x 8 or 2 x 9 in one pass where the tokens fit L1 beside the weights, and — with the
+//! L1 tile prefetch hint — the same tiles span by span over longer rows, each tile's
+//! accumulators stashed between its column spans; 4 x 6 passes otherwise) change only which
+//! elements are computed together.
 //!
 //! fp8 (`tile_fp8`, `convert_fp8_rows`): every e4m3 value is exact in bf16, so a 64-byte group
 //! of weights becomes two registers of bf16 by two 128-entry byte lookups (`vpermi2b`: the high
@@ -115,9 +116,13 @@ fn single_pass(n: usize, cols: usize) -> bool {
 /// (Zen 5, 2 threads, walks of 1536 x 6144 at 8 / 9 tokens, three alternated rounds: 31-37 GB/s
 /// of weights on two passes, 42-50 on spans); why not the whole row in one pass with the
 /// activations in the L2: slower still (22-27 GB/s; each weight line waits on 7-9 L2 loads).
-/// BENCHMARKS.md "Long rows at a k = 8 verification".
-fn single_pass_spans(n: usize, cols: usize) -> bool {
-    SP_TOKENS.contains(&n) && n * cols * 2 > SP_X_BYTES
+/// BENCHMARKS.md "Long rows at a k = 8 verification". Only with the L1 tile prefetch hint
+/// (`tiles_l2` false): the spans were measured against the two passes with L1 prefetches, and
+/// where the tiles prefetch into the L2 (Zen 4) the two passes streamed those walks 1.3-1.6x
+/// faster than the spans (n = 8 / 9 over 1536 x 6144 and 1536 x 12288, three alternated
+/// rounds: 24-31 vs 17-24 GB/s; BENCHMARKS.md "Zen 4: several-token tiles prefetch into the L2").
+fn single_pass_spans(n: usize, cols: usize, tiles_l2: bool) -> bool {
+    !tiles_l2 && SP_TOKENS.contains(&n) && n * cols * 2 > SP_X_BYTES
 }
 
 /// Row tiles per sub-block of [`single_pass_spans`]: their stashed accumulators (at most
@@ -821,7 +826,7 @@ impl Job<'_> {
             }
             return;
         }
-        if single_pass_spans(n, cols) {
+        if single_pass_spans(n, cols, tile_prefetch_to_l2()) {
             span_tiles(w0, x, (n, cols), nrows, left, o, (rs, ts));
             return;
         }
