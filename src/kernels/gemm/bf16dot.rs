@@ -344,9 +344,9 @@ unsafe fn tile_span<const R: usize, const T: usize>(
     // longer on each line: on Zen 5 a line left in the L2 cost its L2-to-L1 latency in the
     // middle of the dot work (the L1 hint streamed 1-38 % more in 32 of 37 cache-flushed walks;
     // BENCHMARKS.md "Kernel walks re-checked"), while on Zen 4, whose `vdpbf16ps` runs at half
-    // the rate, L1 prefetches issued a few tiles ahead arrived late and 7..9-token walks
-    // streamed 1.6-1.8x faster with L2 prefetches (BENCHMARKS.md "Zen 4: several-token tiles
-    // prefetch into the L2").
+    // the rate, 7..9-token walks streamed 1.6-1.8x faster with L2 prefetches than with L1
+    // prefetches at the same distance (BENCHMARKS.md "Zen 4: several-token tiles prefetch
+    // into the L2").
     let l2 = if T == 1 {
         prefetch_to_l2()
     } else {
