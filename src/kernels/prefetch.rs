@@ -72,33 +72,49 @@ impl PrefetchHint {
     }
 }
 
-/// 0: not chosen yet; 1: L1; 2: L2.
-static HINT: AtomicU8 = AtomicU8::new(0);
+/// A process-wide hint: 0 not chosen yet, 1 L1, 2 L2 (chosen by its `detect` on first use).
+struct HintCell(AtomicU8);
+
+impl HintCell {
+    const fn new() -> Self {
+        HintCell(AtomicU8::new(0))
+    }
+
+    fn get(&self, detect: fn() -> PrefetchHint) -> PrefetchHint {
+        match self.0.load(Ordering::Relaxed) {
+            1 => PrefetchHint::L1,
+            2 => PrefetchHint::L2,
+            _ => {
+                let h = detect();
+                self.set(h);
+                h
+            }
+        }
+    }
+
+    fn set(&self, h: PrefetchHint) {
+        let v = match h {
+            PrefetchHint::L1 => 1,
+            PrefetchHint::L2 => 2,
+        };
+        self.0.store(v, Ordering::Relaxed);
+    }
+}
+
+/// The one-token kernels' hint.
+static HINT: HintCell = HintCell::new();
+/// The several-token AVX512-BF16 tiles' hint.
+static TILE_HINT: HintCell = HintCell::new();
 
 /// The hint in force (detected on first use unless [`set_prefetch_hint`] chose one).
 pub fn prefetch_hint() -> PrefetchHint {
-    match HINT.load(Ordering::Relaxed) {
-        1 => PrefetchHint::L1,
-        2 => PrefetchHint::L2,
-        _ => {
-            let h = PrefetchHint::detect();
-            set_prefetch_hint(Some(h));
-            h
-        }
-    }
+    HINT.get(PrefetchHint::detect)
 }
 
 /// Choose the hint for the whole process (`None`: back to the vendor default). Results are the
 /// same either way; only speed changes.
 pub fn set_prefetch_hint(h: Option<PrefetchHint>) {
-    let h = h.unwrap_or_else(PrefetchHint::detect);
-    HINT.store(
-        match h {
-            PrefetchHint::L1 => 1,
-            PrefetchHint::L2 => 2,
-        },
-        Ordering::Relaxed,
-    );
+    HINT.set(h.unwrap_or_else(PrefetchHint::detect));
 }
 
 /// True when the kernels prefetch into the L2 only (read once per tile call).
@@ -107,34 +123,16 @@ pub(crate) fn prefetch_to_l2() -> bool {
     prefetch_hint() == PrefetchHint::L2
 }
 
-/// 0: not chosen yet; 1: L1; 2: L2 — the several-token tiles' hint.
-static TILE_HINT: AtomicU8 = AtomicU8::new(0);
-
 /// The hint of the several-token AVX512-BF16 tiles in force (detected on first use unless
 /// [`set_tile_prefetch_hint`] chose one).
 pub fn tile_prefetch_hint() -> PrefetchHint {
-    match TILE_HINT.load(Ordering::Relaxed) {
-        1 => PrefetchHint::L1,
-        2 => PrefetchHint::L2,
-        _ => {
-            let h = PrefetchHint::detect_tiles();
-            set_tile_prefetch_hint(Some(h));
-            h
-        }
-    }
+    TILE_HINT.get(PrefetchHint::detect_tiles)
 }
 
 /// Choose the several-token tiles' hint for the whole process (`None`: back to this CPU's
 /// default). Results are the same either way; only speed changes.
 pub fn set_tile_prefetch_hint(h: Option<PrefetchHint>) {
-    let h = h.unwrap_or_else(PrefetchHint::detect_tiles);
-    TILE_HINT.store(
-        match h {
-            PrefetchHint::L1 => 1,
-            PrefetchHint::L2 => 2,
-        },
-        Ordering::Relaxed,
-    );
+    TILE_HINT.set(h.unwrap_or_else(PrefetchHint::detect_tiles));
 }
 
 /// True when the several-token tiles prefetch into the L2 only (read once per tile call).
