@@ -187,9 +187,19 @@ pub fn parse_isa(s: &str) -> Result<Option<specmla::kernels::IsaLevel>> {
 }
 
 /// A prefetch hint option's value (`flag` names it in the error; None = this CPU's default).
-pub fn parse_prefetch(flag: &str, s: &str) -> Result<Option<specmla::kernels::PrefetchHint>> {
+fn parse_prefetch(flag: &str, s: &str) -> Result<Option<specmla::kernels::PrefetchHint>> {
     specmla::kernels::PrefetchHint::parse(s)
         .ok_or_else(|| Error::InvalidArgument(format!("{flag}: unknown `{s}` (auto, l1, l2)")))
+}
+
+/// `--prefetch` and `--prefetch-tiles` (generate and bench): both process-wide hints set, or
+/// an error naming the option, before anything is set.
+pub fn set_prefetch_hints(prefetch: &str, prefetch_tiles: &str) -> Result<()> {
+    let one = parse_prefetch("--prefetch", prefetch)?;
+    let tiles = parse_prefetch("--prefetch-tiles", prefetch_tiles)?;
+    specmla::kernels::set_prefetch_hint(one);
+    specmla::kernels::set_tile_prefetch_hint(tiles);
+    Ok(())
 }
 
 pub fn engine_config(a: &GenerateArgs) -> Result<EngineConfig> {
@@ -354,11 +364,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let reqs = build_requests(&a)?;
     specmla::kernels::set_matmul_profiling(a.profile_matmuls);
-    specmla::kernels::set_prefetch_hint(parse_prefetch("--prefetch", &a.prefetch)?);
-    specmla::kernels::set_tile_prefetch_hint(parse_prefetch(
-        "--prefetch-tiles",
-        &a.prefetch_tiles,
-    )?);
+    set_prefetch_hints(&a.prefetch, &a.prefetch_tiles)?;
     let mut swaps = parse_swaps(&a)?;
     swaps.reverse();
     let engine = Engine::new(&a.model, draft, cfg)?;

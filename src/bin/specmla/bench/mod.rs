@@ -461,14 +461,7 @@ pub fn kv_dtype(a: &BenchArgs) -> Result<KvDtype> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let batches = parse_batches(&a.batches)?;
-    specmla::kernels::set_prefetch_hint(crate::generate::parse_prefetch(
-        "--prefetch",
-        &a.prefetch,
-    )?);
-    specmla::kernels::set_tile_prefetch_hint(crate::generate::parse_prefetch(
-        "--prefetch-tiles",
-        &a.prefetch_tiles,
-    )?);
+    crate::generate::set_prefetch_hints(&a.prefetch, &a.prefetch_tiles)?;
     specmla::weights::set_huge_page_weights(a.huge_pages);
     let run_spec = a.spec || (a.draft.is_some() && !a.swap);
     let run_engine = a.engine || (!run_spec && !a.swap && !a.v32 && !a.v4 && !a.ttft);
