@@ -52,6 +52,40 @@ fn isa_gemm() {
     }
 }
 
+/// `cargo bench --bench kernels -- prefill-shapes`: the widened target's dense and shared-expert
+/// matrices (12288x1536, 6144x1536, 1536x12288, 1536x6144) and a routed expert's (768x1536) at
+/// prefill-sized token counts on the default ISA, 1 and 2 threads: multiply-adds per second
+/// (weights warm: the best of 5 runs).
+fn prefill_shapes() {
+    let isa = Isa::available().into_iter().last().expect("an ISA");
+    for (rows, cols) in [
+        (12288, 1536),
+        (6144, 1536),
+        (1536, 12288),
+        (1536, 6144),
+        (768, 1536),
+    ] {
+        let w = bf16_matrix(4, rows, cols);
+        for n in [16, 32, 46, 64, 128, 512] {
+            let x: Vec<f32> = activations(5, n * cols); // [n, cols]
+            let mut y = vec![0.0f32; n * rows]; // [n, rows]
+            let macs = (rows * cols * n) as f64;
+            let line: Vec<String> = [1, 2]
+                .into_iter()
+                .map(|threads| {
+                    let p = pool_isa(threads, isa);
+                    let t = p.install(|| best_of(5, || matmul(&w, black_box(&x), n, &mut y)));
+                    format!("{threads} thr {:6.1}", macs / t / 1e9)
+                })
+                .collect();
+            println!(
+                "{isa} {rows:5}x{cols:5} n={n:3}: GMAC/s {}",
+                line.join(", ")
+            );
+        }
+    }
+}
+
 /// Deterministic pseudo-random bits.
 fn bits(seed: u64, n: usize) -> impl Iterator<Item = u64> {
     let mut s = seed | 1;
@@ -138,6 +172,9 @@ fn main() {
     }
     if std::env::args().any(|a| a == "indexer") {
         return indexer_scores();
+    }
+    if std::env::args().any(|a| a == "prefill-shapes") {
+        return prefill_shapes();
     }
     if std::env::args().any(|a| a == "isa") {
         return isa_gemm();
