@@ -378,18 +378,7 @@ fn a_random_mtp_layer_is_lossless_too() {
 /// Workload requests without budgets, their plain outputs, and an engine with `drafter` and
 /// `spec` that the test steps by hand (`Stepped`).
 fn stepped(n: usize, drafter: DraftSource, spec: SpecMode) -> (Vec<Request>, Vec<Output>, Stepped) {
-    let reqs: Vec<Request> = requests(n)
-        .into_iter()
-        .map(|mut r| {
-            r.reasoning_budget = None;
-            r
-        })
-        .collect();
-    let plain = run(
-        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
-        reqs.clone(),
-        &[],
-    );
+    let (reqs, plain) = unbudgeted(n);
     let e = Engine::new(&target(), drafter, cfg(spec)).unwrap();
     let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
     let got = plain
@@ -404,6 +393,23 @@ fn stepped(n: usize, drafter: DraftSource, spec: SpecMode) -> (Vec<Request>, Vec
         })
         .collect();
     (reqs, plain, Stepped { e, ids, got })
+}
+
+/// `n` workload requests without budgets and their plain outputs.
+fn unbudgeted(n: usize) -> (Vec<Request>, Vec<Output>) {
+    let reqs: Vec<Request> = requests(n)
+        .into_iter()
+        .map(|mut r| {
+            r.reasoning_budget = None;
+            r
+        })
+        .collect();
+    let plain = run(
+        &Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap(),
+        reqs.clone(),
+        &[],
+    );
+    (reqs, plain)
 }
 
 /// An engine stepped one step at a time, its requests' outputs collected from the events.
@@ -504,6 +510,48 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
     assert_eq!(s.drafting(), 1, "still one request has drafted");
     let got = s.finish();
     assert_same("adaptive mtp, one explorer", &plain, &got, &reqs);
+}
+
+/// Steps that also prefill are not timed for the adaptive policy's cost model, so while requests
+/// keep arriving (one per step: every step prefills) the uninformed policy explores only until
+/// the drafter's acceptance has as many verifications as its prior's weight, not in every other
+/// step as before (an MTP forward each, for a fraction of a token, at batch 16). The outputs stay
+/// those of plain decoding.
+#[test]
+fn adaptive_mode_stops_exploring_arrival_steps_once_acceptance_is_learned() {
+    let (reqs, plain) = unbudgeted(14);
+    let e = Engine::new(
+        &target(),
+        DraftSource::Mtp,
+        cfg(SpecMode::Adaptive { k_max: 2 }),
+    )
+    .unwrap();
+    let mut s = Stepped {
+        e,
+        ids: Vec::new(),
+        got: Vec::new(),
+    };
+    for (r, p) in reqs.iter().zip(&plain) {
+        let id = s.e.submit(r.clone()).unwrap();
+        s.ids.push(id);
+        s.got.push(Output {
+            id,
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            ..p.clone()
+        });
+        s.step();
+    }
+    let explored = s.draft_steps();
+    assert!(explored >= 1, "the policy never explored");
+    assert!(
+        explored as f64 <= specmla::spec::policy::ACCEPT_PRIOR_WEIGHT,
+        "{explored} exploring steps in {} arrival steps",
+        reqs.len()
+    );
+    let got = s.finish();
+    assert_same("adaptive mtp, arrivals", &plain, &got, &reqs);
 }
 
 /// A burst of new prompts does not stall a step: the MTP layer's catch-up over the prompts is

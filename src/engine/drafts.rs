@@ -23,6 +23,8 @@ pub(super) struct DraftContext<'a> {
     pub target: &'a TargetCost,
     pub draft: &'a LinearCost,
     pub n_decode: usize,
+    /// Requests that would share each draft forward's fixed cost (`policy::choose_k_rates`).
+    pub sharing: usize,
     /// The drafter's overall acceptance estimate.
     pub drafter_alpha: f64,
     /// Its conditional acceptance per draft position.
@@ -46,6 +48,7 @@ pub(super) fn choose_drafts(
         target,
         draft,
         n_decode,
+        sharing,
         drafter_alpha,
         pos_alpha,
         pos_obs,
@@ -68,7 +71,7 @@ pub(super) fn choose_drafts(
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
         SpecMode::Adaptive { k_max } => {
-            let (k, saved) = choose_k_rates(&c, k_max, n_decode, target.price(n_decode), draft);
+            let (k, saved) = choose_k_rates(&c, k_max, sharing, target.price(n_decode), draft);
             match (catch_up, saved) {
                 _ if min_k > k => min_k.min(k_max),
                 (Some((lag, per_row, horizon)), Some(saved))

@@ -10,7 +10,7 @@
 //! cannot get KV for its own next token is preempted (its committed tokens kept, recomputed later
 //! with the same attention paths, so its output is unchanged), never failed.
 
-use crate::spec::policy::{explore_due, ramp_cap, CatchUpBudget, Start};
+use crate::spec::policy::{explore_due, ramp_cap, CatchUpBudget, Start, ACCEPT_PRIOR_WEIGHT};
 use crate::spec::{SpecMode, StepKind};
 
 use super::core::Core;
@@ -96,11 +96,95 @@ impl Core {
     }
 
     /// The policy's explorer for this step: the first decode request that may draft and whose
-    /// drafter is not catching up (None: there is none, any request may explore).
+    /// drafter is not catching up, else the one whose drafter lags least (its catch-up is the
+    /// cheapest); None when no decode request may draft.
     fn explorer_index(&self) -> Option<usize> {
+        let may = |r: &ReqState| r.pending() == 1 && r.speculate;
         self.running
             .iter()
-            .position(|r| r.pending() == 1 && r.speculate && !self.catching_up(r))
+            .position(|r| may(r) && !self.catching_up(r))
+            .or_else(|| {
+                (0..self.running.len())
+                    .filter(|&i| may(&self.running[i]))
+                    .min_by_key(|&i| self.running[i].drafter_lag())
+            })
+    }
+
+    /// Whether an exploration by `explorer` is worth its catch-up: none, or one predicted
+    /// (priced per position) at most one predicted plain step of `n_decode` requests. Traced at
+    /// the tail of a batch-16 run (2-4 requests left, every drafter ~100 positions behind): the
+    /// MTP drafter's explorer caught up on a whole context to draft one token, 30-55 ms against
+    /// a 13-18 ms plain step, twice in a run it did not otherwise draft in (1.3-2.4 % of it).
+    fn exploration_affordable(&self, explorer: usize, n_decode: usize) -> bool {
+        let r = &self.running[explorer];
+        if !self.catching_up(r) {
+            return true;
+        }
+        match (self.catch_up_s_per_row, self.target_cost.plain_at(n_decode)) {
+            (Some(per_row), Some(plain)) => per_row * r.drafter_lag() as f64 <= plain,
+            _ => true,
+        }
+    }
+
+    /// The drafts of decode request `i` this step — (model drafts, certain forced tokens,
+    /// positions the budget saved) — under the step's drafting state `st`, which it updates
+    /// (the explorer used, the ramp's and the catch-up allowance's remainders).
+    fn decide_drafts(&self, i: usize, st: &mut StepDrafts) -> (usize, Vec<u32>, usize) {
+        let r = &self.running[i];
+        let lag = r.drafter_lag();
+        let start = match self.catch_up_s_per_row {
+            _ if !(st.adaptive && self.catching_up(r)) => Start::Steady,
+            None => Start::Blind,
+            Some(per_row) => Start::Priced(lag as f64 * per_row),
+        };
+        let spec_on = self.proposer.is_some()
+            && r.speculate
+            && st.kind == StepKind::Free
+            && st.explorers > 0
+            && st.catch_ups.admits(start);
+        if !spec_on {
+            return (0, Vec::new(), 0);
+        }
+        let catch_up = match (self.catch_up_s_per_row, start) {
+            (Some(per_row), Start::Priced(_)) => {
+                let left = r.params.max_tokens.saturating_sub(r.generated());
+                Some((lag, per_row, self.lengths.horizon(r.generated(), left)))
+            }
+            _ => None,
+        };
+        let ctx = DraftContext {
+            spec: self.cfg.spec,
+            target: &self.target_cost,
+            draft: &self.draft_cost,
+            n_decode: st.n_decode,
+            // a request that first catches up is priced for its steady drafting to come, when
+            // it shares the forward with the whole batch (the catch-up is priced apart)
+            sharing: if self.catching_up(r) {
+                st.n_decode
+            } else {
+                st.sharing
+            },
+            drafter_alpha: self.drafter_alpha,
+            pos_alpha: &self.pos_alpha,
+            pos_obs: &self.pos_obs,
+            min_k: usize::from(st.explore && st.explorer == Some(i)),
+        };
+        let d = choose_drafts(&ctx, r, catch_up);
+        if st.explore && d.0 + d.1.len() > 0 {
+            // one explorer per step; the step is an exploration only if the policy wanted no
+            // drafts of its own
+            st.explore = false;
+            let own = DraftContext { min_k: 0, ..ctx };
+            st.forced = choose_drafts(&own, r, catch_up).0 == 0;
+        }
+        if d.0 + d.1.len() > 0 {
+            st.n_drafting += 1;
+            if st.explorers != usize::MAX {
+                st.explorers -= 1;
+            }
+            st.catch_ups.charge(start);
+        }
+        d
     }
 
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
@@ -135,8 +219,17 @@ impl Core {
         // drafted at once (the widened target's n-gram drafter, 20 % accepted: a 25 ms step for
         // 14 tokens where a plain one takes 17 ms for 13); ramped 1, 2, 4, 8, the same evidence
         // costs a few tokens, and a drafter that pays reaches the whole batch within four steps.
-        let mut explorers = if adaptive && !self.policy_informed() {
-            if self.drafted_last_step && !self.target_cost.has_slope() {
+        // A step that also prefills (a request arriving, or a prompt chunk) is not timed for
+        // the cost model, so uninformed exploring there only teaches acceptance: it stops once
+        // the drafter's acceptance has as many verifications as its prior's weight. Traced at
+        // batch 16 with a request arriving every step: the MTP drafter explored in every other
+        // arrival step (an MTP forward, ~3 ms, for ~0.6 accepted tokens each), +49 ms over the
+        // 16 arrival steps, 2 % of the run.
+        let prefills = self.running.iter().any(|r| r.pending() > 1)
+            || (!self.waiting.is_empty() && self.running.len() < self.cfg.max_running);
+        let explorers = if adaptive && !self.policy_informed() {
+            let learned = prefills && self.drafter_obs as f64 >= ACCEPT_PRIOR_WEIGHT;
+            if learned || (self.drafted_last_step && !self.target_cost.has_slope()) {
                 0
             } else {
                 1
@@ -163,10 +256,44 @@ impl Core {
         // The explorer is a request whose drafter has caught up where there is one: it measures
         // the same acceptance and price without paying a catch-up (the MTP layer over a whole
         // context: 11-17 ms at 150-250 positions on the widened target, one to two plain steps
-        // at batch 4). Else the first decode request that may draft.
+        // at batch 4). Else the one with the cheapest catch-up, and only if that costs at most
+        // a plain step (`exploration_affordable`; the idle count goes on, so a request that
+        // arrives later, or a larger batch, explores).
         let explorer = explore.then(|| self.explorer_index()).flatten();
-        let (mut forced, mut n_drafting) = (false, 0);
-        let mut catch_ups = CatchUpBudget::new(self.target_cost.plain_at(n_decode).unwrap_or(0.0));
+        if explore && !explorer.is_some_and(|e| self.exploration_affordable(e, n_decode)) {
+            explore = false;
+        }
+        let mut st = StepDrafts {
+            adaptive,
+            kind,
+            n_decode,
+            sharing: n_decode,
+            explorers,
+            explore,
+            explorer,
+            catch_ups: CatchUpBudget::new(self.target_cost.plain_at(n_decode).unwrap_or(0.0)),
+            forced: false,
+            n_drafting: 0,
+        };
+        // Each draft forward's fixed cost is shared by the requests that draft in it, so it is
+        // priced over as many as will draft: decided over every decode request first, then
+        // again over the number that chose to draft, until that number holds (it only falls,
+        // so this ends; `policy::choose_k_rates`).
+        if adaptive && kind == StepKind::Free && self.proposer.is_some() {
+            loop {
+                let mut dry = st.clone();
+                for i in 0..self.running.len() {
+                    if self.running[i].pending() == 1 {
+                        self.decide_drafts(i, &mut dry);
+                    }
+                }
+                let m = dry.n_drafting.clamp(1, n_decode);
+                if m >= st.sharing {
+                    break;
+                }
+                st.sharing = m;
+            }
+        }
         let mut i = 0;
         while i < self.running.len() {
             if budget == 0 || (isolating && !plan.is_empty()) {
@@ -178,55 +305,7 @@ impl Core {
             }
             let pending = self.running[i].pending();
             let (chunk, decode, k_model, certain, saved) = if pending == 1 {
-                let r = &self.running[i];
-                let lag = r.drafter_lag();
-                let start = match self.catch_up_s_per_row {
-                    _ if !(adaptive && self.catching_up(r)) => Start::Steady,
-                    None => Start::Blind,
-                    Some(per_row) => Start::Priced(lag as f64 * per_row),
-                };
-                let spec_on = self.proposer.is_some()
-                    && r.speculate
-                    && kind == StepKind::Free
-                    && explorers > 0
-                    && catch_ups.admits(start);
-                let (k, c, s) = if spec_on {
-                    let catch_up = match (self.catch_up_s_per_row, start) {
-                        (Some(per_row), Start::Priced(_)) => {
-                            let left = r.params.max_tokens.saturating_sub(r.generated());
-                            Some((lag, per_row, self.lengths.horizon(r.generated(), left)))
-                        }
-                        _ => None,
-                    };
-                    let ctx = DraftContext {
-                        spec: self.cfg.spec,
-                        target: &self.target_cost,
-                        draft: &self.draft_cost,
-                        n_decode,
-                        drafter_alpha: self.drafter_alpha,
-                        pos_alpha: &self.pos_alpha,
-                        pos_obs: &self.pos_obs,
-                        min_k: usize::from(explore && explorer.is_none_or(|e| e == i)),
-                    };
-                    let d = choose_drafts(&ctx, r, catch_up);
-                    if explore && d.0 + d.1.len() > 0 {
-                        // one explorer per step; the step is an exploration only if the
-                        // policy wanted no drafts of its own
-                        explore = false;
-                        let own = DraftContext { min_k: 0, ..ctx };
-                        forced = choose_drafts(&own, r, catch_up).0 == 0;
-                    }
-                    d
-                } else {
-                    (0, Vec::new(), 0)
-                };
-                if k + c.len() > 0 {
-                    n_drafting += 1;
-                    if explorers != usize::MAX {
-                        explorers -= 1;
-                    }
-                    catch_ups.charge(start);
-                }
+                let (k, c, s) = self.decide_drafts(i, &mut st);
                 (1, true, k, c, s)
             } else {
                 (pending.min(budget), false, 0, Vec::new(), 0)
@@ -263,7 +342,7 @@ impl Core {
             });
             i += 1;
         }
-        self.exploring = forced && n_drafting == 1;
+        self.exploring = st.forced && st.n_drafting == 1;
         // Admit waiting requests while there is budget and room.
         while budget > 0 && self.running.len() < self.cfg.max_running {
             let next = if isolating {
@@ -331,4 +410,24 @@ impl Core {
         }
         plan
     }
+}
+
+/// One step's drafting state while [`Core::schedule`] decides each decode request's drafts.
+#[derive(Clone)]
+struct StepDrafts {
+    adaptive: bool,
+    kind: StepKind,
+    n_decode: usize,
+    /// Requests over which a draft forward's fixed cost is priced.
+    sharing: usize,
+    /// Requests that may still draft this step (the informed policy's ramp; the uninformed
+    /// one's single explorer).
+    explorers: usize,
+    /// Whether the periodic explorer is still to draft, and which request it is.
+    explore: bool,
+    explorer: Option<usize>,
+    catch_ups: CatchUpBudget,
+    /// Whether the explorer drafted where the policy would not have.
+    forced: bool,
+    n_drafting: usize,
 }

@@ -145,6 +145,20 @@ pub const DRAFT_PRIOR_SHARE: f64 = 0.25;
 /// token costs, so one step's excess must not set the price alone.
 pub const DRAFT_PRIOR_WEIGHT: f64 = 4.0;
 
+/// The most one drafted token's time beyond the plain line may count for, in request shares
+/// (plain(b) / b) of its step: one. A drafted token is one more token of a request already in
+/// the step — its multiply-adds and any experts it alone selects, its attention over a KV
+/// cache the request's own token reads anyway — so it costs less than the request's share
+/// (measured on the widened target: ~0.2 of a share at batch 1, 0.5-0.65 at batch 16). What a
+/// step measures beyond a share is noise, and at batch 16 noise is most of a small drafting
+/// step: its plain steps vary by +-3 ms around ~33 ms while a drafted token costs ~1.3 ms, so
+/// one early step of 1 or 3 drafts timed 5 and 10 ms beyond the plain line (the other engine
+/// of an interleaved run had just stepped) and priced a drafted token at 2.6 ms against a
+/// 2 ms share: the draft model (~100 % accepted) stopped drafting for the rest of the run
+/// (adaptive 0.95x where fixed k = 1 gave 1.18x), as the explorer at batch 16 comes after
+/// 256 idle steps.
+pub const DRAFT_MAX_SHARE: f64 = 1.0;
+
 /// What one request's drafts cost in a step of a given batch (see [`TargetCost::price`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepPrice {
@@ -176,8 +190,9 @@ impl TargetCost {
             self.plain_all.observe(requests, seconds);
             self.plain[c].observe(requests, seconds);
         } else if let Some(p) = self.plain_at(requests) {
-            let extra = seconds - p;
-            self.draft[c].observe(drafts, extra);
+            // At most a request's share per drafted token (see [`DRAFT_MAX_SHARE`]).
+            let cap = DRAFT_MAX_SHARE * drafts as f64 * p / requests.max(1) as f64;
+            self.draft[c].observe(drafts, (seconds - p).min(cap));
         }
     }
 
@@ -346,11 +361,17 @@ pub fn choose_k_at(
 
 /// [`choose_k_at`] for a step priced by [`TargetCost::price`], and the predicted seconds per
 /// committed token it saves against k = 0 (None before the target cost has a price). A k > 0
-/// must beat k = 0's predicted rate by [`PAY_HURDLE`].
+/// must beat k = 0's predicted rate by [`PAY_HURDLE`]. `sharing`: the requests whose drafts
+/// would share each draft forward's fixed cost (the engine counts the decode requests whose
+/// drafter is ready to draft this step, `engine::schedule`): one MTP forward streams a whole
+/// MoE layer's weights whether it drafts for one request or sixteen, so at batch 16 with only
+/// one request caught up its draft costs that request the whole forward, not a sixteenth —
+/// priced at a sixteenth, the MTP drafter drafted one token for one request per step at batch
+/// 16 (~1.5 ms of MTP forward and ~1.3 ms of verification for ~0.7 accepted tokens).
 pub fn choose_k_rates(
     c: &[f64],
     k_max: usize,
-    batch: usize,
+    sharing: usize,
     price: Option<StepPrice>,
     draft: &LinearCost,
 ) -> (usize, Option<f64>) {
@@ -359,7 +380,7 @@ pub fn choose_k_rates(
     };
     // A drafter without a model (n-gram) is never timed: it costs nothing.
     let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
-    let b = batch.max(1) as f64;
+    let b = sharing.max(1) as f64;
     // (k, rate): k = 0 holds the bar a k > 0 must beat (plain's rate plus the hurdle)
     let mut best = (0usize, 0.0f64);
     let mut plain = 0.0;
@@ -602,6 +623,51 @@ mod tests {
             );
             assert_eq!(choose_k_rates(&[a], 1, 16, p16, &free).0, at16, "{a} at 16");
         }
+    }
+
+    /// A drafting step's time beyond the plain line counts for at most a request's share per
+    /// drafted token: one noisy small drafting step at batch 16 cannot price drafting out.
+    #[test]
+    fn draft_price_counts_at_most_a_share_per_draft() {
+        let mut t = TargetCost::default();
+        // batch 16: 32 ms plain steps (a 2 ms share)
+        for _ in 0..3 {
+            t.observe(16, 16, 0.032);
+        }
+        // three drafts timed 30 ms beyond the plain line: counted as 3 x 2 ms
+        t.observe(16, 19, 0.062);
+        let share = 0.002;
+        let w = DRAFT_PRIOR_WEIGHT;
+        let want =
+            (3.0 * DRAFT_MAX_SHARE * 3.0 * share + w * DRAFT_PRIOR_SHARE * share) / (9.0 + w);
+        let p = t.price(16).unwrap();
+        assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+        assert!(p.per_draft <= share, "{p:?}");
+        // below the cap a step counts as measured
+        t.observe(16, 32, 0.032 + 16.0 * 0.0012);
+        let p = t.price(16).unwrap();
+        let d = LinearCost::DECAY;
+        let sxy = (3.0 * 0.006) * d + 16.0 * 16.0 * 0.0012;
+        let sxx = 9.0 * d + 256.0;
+        let want = (sxy + w * DRAFT_PRIOR_SHARE * share) / (sxx + w);
+        assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+    }
+
+    /// A draft forward's fixed cost is shared by the requests drafting in it: an MTP-like
+    /// drafter (3 ms per forward whatever its batch) pays at batch 16 when all sixteen requests
+    /// draft, not when one drafts alone.
+    #[test]
+    fn draft_forward_cost_is_shared_by_the_drafting_requests() {
+        let price = Some(StepPrice {
+            share: 0.002,
+            per_draft: 0.0008,
+        });
+        let mut mtp = LinearCost::default();
+        for n in [1, 1, 1] {
+            mtp.observe(n, 0.003);
+        }
+        assert_eq!(choose_k_rates(&[0.75], 1, 16, price, &mtp).0, 1);
+        assert_eq!(choose_k_rates(&[0.75], 1, 1, price, &mtp).0, 0);
     }
 
     #[test]
