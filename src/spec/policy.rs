@@ -90,7 +90,7 @@ impl LinearCost {
 /// drafting steps' time beyond plain(b) — both per decode-batch class (the guard's: 1, 2, 3-4,
 /// 5-8, 9-16, 17+ requests). A class's plain line borrows the all-classes slope until it has
 /// its own; its draft price starts from a prior of [`DRAFT_PRIOR_SHARE`] x the request's share
-/// of a plain step at that batch ([`DRAFT_PRIOR_WEIGHT`] drafted tokens' weight per request), never from
+/// of a plain step at that batch ([`DRAFT_PRIOR_WEIGHT`] drafted tokens' weight), never from
 /// another class's drafts: a drafted token is cheap at batch 16 (the step's experts are loaded
 /// anyway) and dear at batch 2-4, so the all-classes price that a class borrowed before it
 /// drafted itself let the n-gram drafter (15-25 % accepted) draft at a loss in the last steps of
@@ -127,9 +127,9 @@ impl DraftPrice {
         self.sxx = self.sxx * LinearCost::DECAY + x * x;
     }
     /// The through-origin slope with `prior` seconds per draft counted as
-    /// [`DRAFT_PRIOR_WEIGHT`] x `batch` steps of one drafted token each.
-    fn per_draft(&self, prior: f64, batch: usize) -> f64 {
-        let w = DRAFT_PRIOR_WEIGHT * batch.max(1) as f64;
+    /// [`DRAFT_PRIOR_WEIGHT`] steps of one drafted token each.
+    fn per_draft(&self, prior: f64) -> f64 {
+        let w = DRAFT_PRIOR_WEIGHT;
         ((self.sxy + w * prior) / (self.sxx + w)).max(0.0)
     }
 }
@@ -140,16 +140,9 @@ impl DraftPrice {
 /// drafters from drafting often enough at batch 4 to learn their real price (draft-weak adaptive
 /// 1.01-1.04x where fixed k = 1 gave 1.21-1.28x; a quarter: 1.05-1.07x).
 pub const DRAFT_PRIOR_SHARE: f64 = 0.25;
-/// Weight of that prior per request of the batch, in drafted tokens (at batch b, 4b steps of one
-/// draft each): a plain step at batch 4 varies by +-1.5 ms from one step to the next on the
-/// widened target, more than a drafted token costs, so one step's excess must not set the
-/// price alone; and a step's variation grows with its batch (+-3 ms around ~33 ms at batch 16)
-/// while a drafted token's cost does not (~1.1-1.3 ms there), so a step's evidence is worth
-/// less the fewer of its requests drafted. A fixed weight of four let one step of 3 drafts at
-/// batch 16 (a step timed 22 ms over the plain line, right after the drafter's first
-/// catch-ups) set the price at 1.7 ms against a 2 ms share, and the draft model (~100 %
-/// accepted) stopped drafting where fixed k = 1 gave 1.11-1.13x (adaptive 0.98x); a step in
-/// which all sixteen requests draft (weight 256) still outweighs the prior (64).
+/// Weight of that prior in drafted tokens (four steps of one draft each): a plain step at batch
+/// 4 varies by +-1.5 ms from one step to the next on the widened target, more than a drafted
+/// token costs, so one step's excess must not set the price alone.
 pub const DRAFT_PRIOR_WEIGHT: f64 = 4.0;
 
 /// The most one drafted token's time beyond the plain line may count for, in request shares
@@ -227,7 +220,7 @@ impl TargetCost {
         let prior = DRAFT_PRIOR_SHARE * share;
         Some(StepPrice {
             share,
-            per_draft: self.draft[super::guard::class_of(b)].per_draft(prior, b),
+            per_draft: self.draft[super::guard::class_of(b)].per_draft(prior),
         })
     }
 
@@ -591,18 +584,13 @@ mod tests {
         for b in [16, 13, 10, 9, 16, 12] {
             t.observe(b, b, 0.010 + 0.0005 * b as f64);
         }
-        for _ in 0..3 {
-            t.observe(16, 32, 0.010 + 0.0005 * 16.0 + 0.016);
-        }
+        t.observe(9, 9 + 7, 0.010 + 0.0005 * 9.0 + 0.007);
         let p = t.price(16).unwrap();
         let share16 = 0.010 / 16.0 + 0.0005;
         assert!((p.share - share16).abs() < 1e-9, "{p:?}");
-        // three steps of sixteen drafts of 1 ms against the prior (DRAFT_PRIOR_WEIGHT x 16
-        // drafts at its price)
-        let w = DRAFT_PRIOR_WEIGHT * 16.0;
-        let d = LinearCost::DECAY;
-        let n = d * d + d + 1.0;
-        let want = (0.016 * 16.0 * n + w * DRAFT_PRIOR_SHARE * share16) / (256.0 * n + w);
+        // seven drafts of 1 ms against the prior (DRAFT_PRIOR_WEIGHT drafts at its price)
+        let w = DRAFT_PRIOR_WEIGHT;
+        let want = (0.007 * 7.0 + w * DRAFT_PRIOR_SHARE * share16) / (49.0 + w);
         assert!((p.per_draft - want).abs() < 1e-12, "{p:?}");
         assert!((p.per_draft - 0.001).abs() < 1e-4, "{p:?}");
         assert!(t.has_slope());
@@ -649,7 +637,7 @@ mod tests {
         // three drafts timed 30 ms beyond the plain line: counted as 3 x 2 ms
         t.observe(16, 19, 0.062);
         let share = 0.002;
-        let w = DRAFT_PRIOR_WEIGHT * 16.0;
+        let w = DRAFT_PRIOR_WEIGHT;
         let want =
             (3.0 * DRAFT_MAX_SHARE * 3.0 * share + w * DRAFT_PRIOR_SHARE * share) / (9.0 + w);
         let p = t.price(16).unwrap();
@@ -749,8 +737,8 @@ mod tests {
         let share = 0.0025;
         let price = StepPrice {
             share,
-            per_draft: (0.0025 + 4.0 * DRAFT_PRIOR_WEIGHT * DRAFT_PRIOR_SHARE * share)
-                / (1.0 + 4.0 * DRAFT_PRIOR_WEIGHT),
+            per_draft: (0.0025 + DRAFT_PRIOR_WEIGHT * DRAFT_PRIOR_SHARE * share)
+                / (1.0 + DRAFT_PRIOR_WEIGHT),
         };
         let free = LinearCost::default();
         assert_eq!(choose_k_rates(&[after2], 1, 4, Some(price), &free).0, 1);
