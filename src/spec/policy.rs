@@ -152,9 +152,8 @@ pub const DRAFT_PRIOR_WEIGHT: f64 = 4.0;
 /// (measured on the widened target: ~0.2 of a share at batch 1, 0.5-0.65 at batch 16). What a
 /// step measures beyond a share is noise, and at batch 16 noise is most of a small drafting
 /// step: its plain steps vary by +-3 ms around ~33 ms while a drafted token costs ~1.3 ms, so
-/// one early step of 1 or 3 drafts timed 5 and 10 ms beyond the plain line (the other engine
-/// of an interleaved run had just stepped) and priced a drafted token at 2.6 ms against a
-/// 2 ms share: the draft model (~100 % accepted) stopped drafting for the rest of the run
+/// two early steps of 1 and 3 drafts, timed 5 and ~10 ms beyond the plain line, priced a
+/// drafted token at 2.6 ms against a 2 ms share: the draft model (~100 % accepted) stopped drafting for the rest of the run
 /// (adaptive 0.95x where fixed k = 1 gave 1.18x), as the explorer at batch 16 comes after
 /// 256 idle steps.
 pub const DRAFT_MAX_SHARE: f64 = 1.0;
@@ -362,12 +361,12 @@ pub fn choose_k_at(
 /// [`choose_k_at`] for a step priced by [`TargetCost::price`], and the predicted seconds per
 /// committed token it saves against k = 0 (None before the target cost has a price). A k > 0
 /// must beat k = 0's predicted rate by [`PAY_HURDLE`]. `sharing`: the requests whose drafts
-/// would share each draft forward's fixed cost (the engine counts the decode requests whose
-/// drafter is ready to draft this step, `engine::schedule`): one MTP forward streams a whole
-/// MoE layer's weights whether it drafts for one request or sixteen, so at batch 16 with only
-/// one request caught up its draft costs that request the whole forward, not a sixteenth —
-/// priced at a sixteenth, the MTP drafter drafted one token for one request per step at batch
-/// 16 (~1.5 ms of MTP forward and ~1.3 ms of verification for ~0.7 accepted tokens).
+/// share each draft forward's fixed cost (`engine::schedule` finds how many will draft): one
+/// MTP forward streams a whole MoE layer's weights whether it drafts for one request or
+/// sixteen, so at batch 16 with only one request caught up its draft costs that request the
+/// whole forward, not a sixteenth — priced at a sixteenth, the MTP drafter drafted one token
+/// for one request per step at batch 16 (~3 ms of MTP forward and ~1.3 ms of verification for
+/// ~0.7 accepted tokens).
 pub fn choose_k_rates(
     c: &[f64],
     k_max: usize,
