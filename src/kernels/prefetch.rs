@@ -106,6 +106,12 @@ static HINT: HintCell = HintCell::new();
 /// The several-token AVX512-BF16 tiles' hint.
 static TILE_HINT: HintCell = HintCell::new();
 
+/// Held by a test while it sets the process-wide hints to reach a path (tests run on parallel
+/// threads; a hint set by one test would otherwise change the path another one means to cover —
+/// never a result).
+#[cfg(test)]
+pub(crate) static HINT_TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The hint in force (detected on first use unless [`set_prefetch_hint`] chose one).
 pub fn prefetch_hint() -> PrefetchHint {
     HINT.get(PrefetchHint::detect)
@@ -250,6 +256,7 @@ mod tests {
             ),
             Matrix::from_fp8(rows, cols, bytes, vec![0.01; 5], 128, 128),
         ];
+        let _hints = HINT_TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let (before, before_tiles) = (prefetch_hint(), tile_prefetch_hint());
         for isa in Isa::available() {
             pin_thread(Some(isa));

@@ -295,11 +295,15 @@ fn batch_invariance_bitwise_simd() {
             // The single-pass tiles over column spans (7..=9 tokens past 27 KB of activations:
             // uneven spans, several row blocks and sub-blocks, a row tail of 1 at 7 tokens),
             // taken only with the L1 tile prefetch hint; with the L2 hint the two passes.
+            let hints = super::prefetch::HINT_TEST_LOCK
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             for hint in [PrefetchHint::L1, PrefetchHint::L2] {
                 set_tile_prefetch_hint(Some(hint));
                 check_batch_invariance(isa, kind, 150, 3200, &[7, 8, 9], &[1, 3]);
             }
             set_tile_prefetch_hint(None);
+            drop(hints);
         }
     }
 }
