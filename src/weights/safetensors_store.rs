@@ -166,7 +166,8 @@ impl WeightStore {
             WeightSource::Dir(d) => Self::open_dir_with(&d, huge_pages),
             WeightSource::File(p) => {
                 let mut s = Self::empty();
-                s.add_shard(map_file(&p, huge_pages)?)?;
+                let copy = huge_pages || stays_cached(&[&p])?;
+                s.add_shard(map_file(&p, copy)?)?;
                 Ok(s)
             }
             WeightSource::Bytes(b) => {
@@ -189,7 +190,16 @@ impl WeightStore {
         let entries = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
         let index = dir.join("model.safetensors.index.json");
         if index.is_file() {
-            return Self::open_index(dir, &index, huge_pages);
+            let mut shards = Vec::new();
+            for e in entries {
+                let p = e.map_err(|e| io_err(dir, e))?.path();
+                if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
+                    shards.push(p);
+                }
+            }
+            let shards: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
+            let copy = huge_pages || stays_cached(&shards)?;
+            return Self::open_index(dir, &index, copy);
         }
         let single = dir.join("model.safetensors");
         let mut files = if single.is_file() {
@@ -211,19 +221,21 @@ impl WeightStore {
                 "no model.safetensors.index.json, model.safetensors or *.safetensors file",
             ));
         }
+        let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+        let copy = huge_pages || stays_cached(&paths)?;
         let mut s = Self::empty();
         for f in files.drain(..) {
-            s.add_shard(map_file(&f, huge_pages)?)?;
+            s.add_shard(map_file(&f, copy)?)?;
         }
         Ok(s)
     }
 
-    fn open_index(dir: &Path, index: &Path, huge_pages: bool) -> Result<Self> {
+    fn open_index(dir: &Path, index: &Path, copy: bool) -> Result<Self> {
         let text = std::fs::read(index).map_err(|e| io_err(index, e))?;
         Self::open_index_with(&index.display().to_string(), &text, |file| {
             let p = dir.join(file);
             if p.is_file() {
-                map_file(&p, huge_pages).map(Some)
+                map_file(&p, copy).map(Some)
             } else {
                 Ok(None)
             }
@@ -399,14 +411,28 @@ impl WeightStore {
     }
 }
 
-fn map_file(p: &Path, huge_pages: bool) -> Result<Shard> {
+/// Whether a model of these files stays in the last-level cache (`kernels::stays_cached` over
+/// their summed sizes): decided per model, not per file, so the small shards of a large model
+/// (the bundled target's MTP shard, the last shard of a sharded checkpoint) are mapped like the
+/// rest of it (`Model::load` marks matrices cache-resident by the same total).
+fn stays_cached(files: &[&Path]) -> Result<bool> {
+    let mut total = 0u64;
+    for p in files {
+        total += std::fs::metadata(p).map_err(|e| io_err(p, e))?.len();
+    }
+    Ok(crate::kernels::stays_cached(total))
+}
+
+/// One shard: copied into huge pages when `copy` (the `huge_pages` choice, or a model small
+/// enough to stay cached, [`stays_cached`]), else mapped.
+fn map_file(p: &Path, copy: bool) -> Result<Shard> {
     let f = File::open(p).map_err(|e| io_err(p, e))?;
     let len = f.metadata().map_err(|e| io_err(p, e))?.len();
     let path = p.display().to_string();
     let backing = if len == 0 {
         Backing::Bytes(Vec::new())
-    } else if huge_pages || crate::kernels::stays_cached(len) {
-        // A file that small (a draft model) is read ~8 times per speculative step right after
+    } else if copy {
+        // A model that small (a draft model) is read ~8 times per speculative step right after
         // the target streamed hundreds of MB, which evicted the TLB entries and page-table
         // lines of its 4 KB pages; in 2 MB pages it needs 3 entries instead of ~1000, for a
         // copy of a few MB once.
@@ -479,5 +505,62 @@ fn describe(e: SafeTensorError) -> String {
             "a tensor's byte size does not match its shape and dtype".into()
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file at `p` holding one U8 tensor `name` of `len` bytes, left sparse (a
+    /// file of any size costs no disk).
+    fn sparse_file(p: &Path, name: &str, len: u64) {
+        use std::io::Write;
+        let header =
+            format!(r#"{{"{name}":{{"dtype":"U8","shape":[{len}],"data_offsets":[0,{len}]}}}}"#);
+        let mut f = File::create(p).unwrap();
+        f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(header.as_bytes()).unwrap();
+        f.set_len(8 + header.len() as u64 + len).unwrap();
+    }
+
+    fn copied(s: &WeightStore) -> Vec<bool> {
+        s.shards
+            .iter()
+            .map(|sh| matches!(*sh.backing, Backing::HugePages { .. }))
+            .collect()
+    }
+
+    /// Whether a model's files are copied into huge pages is decided for the model, from all
+    /// its files' bytes: a small shard of a large sharded model is mapped like the rest of it,
+    /// while a small model alone is copied (where the last-level cache is known and holds four
+    /// of it).
+    #[test]
+    fn a_large_models_small_shard_is_mapped_like_the_rest() {
+        let dir = std::env::temp_dir().join(format!("specmla-st-resident-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // a 1 GiB shard: above a quarter of any last-level cache up to 4 GiB
+        sparse_file(&dir.join("a.safetensors"), "big", 1 << 30);
+        sparse_file(&dir.join("b.safetensors"), "small", 4096);
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            r#"{"weight_map":{"big":"a.safetensors","small":"b.safetensors"}}"#,
+        )
+        .unwrap();
+        let s = WeightStore::open_with(WeightSource::Dir(dir.clone()), false).unwrap();
+        assert_eq!(copied(&s), [false, false], "sharded large model");
+        assert_eq!(s.get("small").unwrap().data.len(), 4096);
+        drop(s);
+        // the small file alone: copied where it stays cached
+        let alone = dir.join("b.safetensors");
+        let s = WeightStore::open_with(WeightSource::File(alone.clone()), false).unwrap();
+        let len = std::fs::metadata(&alone).unwrap().len();
+        assert_eq!(
+            copied(&s),
+            [crate::kernels::stays_cached(len)],
+            "small model"
+        );
+        drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
