@@ -539,8 +539,13 @@ mod tests {
     fn a_large_models_small_shard_is_mapped_like_the_rest() {
         let dir = std::env::temp_dir().join(format!("specmla-st-resident-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        // a 1 GiB shard: above a quarter of any last-level cache up to 4 GiB
-        sparse_file(&dir.join("a.safetensors"), "big", 1 << 30);
+        // a shard just above a quarter of this machine's last-level cache (the smallest power
+        // of two that is: sparse, but mapped and read ahead, so no larger than it needs)
+        let mut big = 1u64 << 20;
+        while crate::kernels::stays_cached(big) && big < 1 << 34 {
+            big *= 2;
+        }
+        sparse_file(&dir.join("a.safetensors"), "big", big);
         sparse_file(&dir.join("b.safetensors"), "small", 4096);
         std::fs::write(
             dir.join("model.safetensors.index.json"),
