@@ -190,16 +190,7 @@ impl WeightStore {
         let entries = std::fs::read_dir(dir).map_err(|e| io_err(dir, e))?;
         let index = dir.join("model.safetensors.index.json");
         if index.is_file() {
-            let mut shards = Vec::new();
-            for e in entries {
-                let p = e.map_err(|e| io_err(dir, e))?.path();
-                if p.is_file() && p.extension().is_some_and(|x| x == "safetensors") {
-                    shards.push(p);
-                }
-            }
-            let shards: Vec<&Path> = shards.iter().map(PathBuf::as_path).collect();
-            let copy = huge_pages || stays_cached(&shards)?;
-            return Self::open_index(dir, &index, copy);
+            return Self::open_index(dir, &index, huge_pages);
         }
         let single = dir.join("model.safetensors");
         let mut files = if single.is_file() {
@@ -230,9 +221,19 @@ impl WeightStore {
         Ok(s)
     }
 
-    fn open_index(dir: &Path, index: &Path, copy: bool) -> Result<Self> {
+    fn open_index(dir: &Path, index: &Path, huge_pages: bool) -> Result<Self> {
         let text = std::fs::read(index).map_err(|e| io_err(index, e))?;
-        Self::open_index_with(&index.display().to_string(), &text, |file| {
+        let ipath = index.display().to_string();
+        let by_shard = parse_index(&ipath, &text)?;
+        // the shards the index names that exist (a missing one is refused below, by name)
+        let files: Vec<PathBuf> = by_shard
+            .keys()
+            .map(|f| dir.join(f))
+            .filter(|p| p.is_file())
+            .collect();
+        let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+        let copy = huge_pages || stays_cached(&paths)?;
+        Self::from_index(&ipath, &by_shard, |file| {
             let p = dir.join(file);
             if p.is_file() {
                 map_file(&p, copy).map(Some)
@@ -247,7 +248,8 @@ impl WeightStore {
     /// [`WeightSource::Dir`] with an index.
     pub fn open_index_bytes(index: &[u8], shards: Vec<(String, Vec<u8>)>) -> Result<Self> {
         let mut shards: BTreeMap<String, Vec<u8>> = shards.into_iter().collect();
-        Self::open_index_with("<index bytes>", index, |file| {
+        let ipath = "<index bytes>";
+        Self::from_index(ipath, &parse_index(ipath, index)?, |file| {
             Ok(shards.remove(file).map(|b| Shard {
                 path: format!("<bytes {file}>"),
                 backing: Arc::new(Backing::Bytes(b)),
@@ -255,46 +257,16 @@ impl WeightStore {
         })
     }
 
-    /// The shared body of both index paths: parse the index (`ipath` names it in errors), open
-    /// each shard it names once through `open_shard` (`Ok(None)`: no such file) and check that
-    /// every tensor the index places in a shard is stored there.
-    fn open_index_with(
+    /// The shared body of both index paths: open each shard of the parsed index
+    /// ([`parse_index`]; `ipath` names it in errors) once through `open_shard` (`Ok(None)`: no
+    /// such file) and check that every tensor the index places in a shard is stored there.
+    fn from_index(
         ipath: &str,
-        text: &[u8],
+        by_shard: &BTreeMap<String, Vec<String>>,
         mut open_shard: impl FnMut(&str) -> Result<Option<Shard>>,
     ) -> Result<Self> {
-        let text = std::str::from_utf8(text)
-            .map_err(|e| st_err(ipath, format!("index is not UTF-8: {e}")))?;
-        let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| st_err(ipath, format!("invalid JSON: {e}")))?;
-        let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-            return Err(st_err(ipath, "missing `weight_map` object"));
-        };
-        // shard file name -> tensors the index places in it
-        let mut by_shard: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (name, file) in map {
-            let Some(file) = file.as_str() else {
-                return Err(st_err(
-                    ipath,
-                    format!("weight_map[`{name}`] is not a file name"),
-                ));
-            };
-            let plain = Path::new(file).components().count() == 1
-                && !matches!(file, "." | "..")
-                && !Path::new(file).is_absolute();
-            if !plain {
-                return Err(st_err(
-                    ipath,
-                    format!("weight_map[`{name}`] = {file:?} is not a plain file name"),
-                ));
-            }
-            by_shard.entry(file).or_default().push(name);
-        }
-        if by_shard.is_empty() {
-            return Err(st_err(ipath, "`weight_map` is empty"));
-        }
         let mut s = Self::empty();
-        for (file, names) in &by_shard {
+        for (file, names) in by_shard {
             let Some(shard) = open_shard(file)? else {
                 return Err(st_err(
                     ipath,
@@ -305,7 +277,7 @@ impl WeightStore {
             let shard_path = shard.path.clone();
             s.add_shard(shard)?;
             for n in names {
-                if s.tensors.get(*n).map(|e| e.shard) != Some(shard_idx) {
+                if s.tensors.get(n.as_str()).map(|e| e.shard) != Some(shard_idx) {
                     return Err(st_err(
                         &shard_path,
                         format!("tensor `{n}` listed in the index is not in this shard"),
@@ -409,6 +381,44 @@ impl WeightStore {
     pub fn total_bytes(&self) -> usize {
         self.total_bytes
     }
+}
+
+/// A `model.safetensors.index.json` (`ipath` names it in errors): shard file name -> the tensors
+/// its `weight_map` places in it; every file name plain (no directory part), the map not empty.
+fn parse_index(ipath: &str, text: &[u8]) -> Result<BTreeMap<String, Vec<String>>> {
+    let text =
+        std::str::from_utf8(text).map_err(|e| st_err(ipath, format!("index is not UTF-8: {e}")))?;
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| st_err(ipath, format!("invalid JSON: {e}")))?;
+    let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
+        return Err(st_err(ipath, "missing `weight_map` object"));
+    };
+    let mut by_shard: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, file) in map {
+        let Some(file) = file.as_str() else {
+            return Err(st_err(
+                ipath,
+                format!("weight_map[`{name}`] is not a file name"),
+            ));
+        };
+        let plain = Path::new(file).components().count() == 1
+            && !matches!(file, "." | "..")
+            && !Path::new(file).is_absolute();
+        if !plain {
+            return Err(st_err(
+                ipath,
+                format!("weight_map[`{name}`] = {file:?} is not a plain file name"),
+            ));
+        }
+        by_shard
+            .entry(file.to_string())
+            .or_default()
+            .push(name.clone());
+    }
+    if by_shard.is_empty() {
+        return Err(st_err(ipath, "`weight_map` is empty"));
+    }
+    Ok(by_shard)
 }
 
 /// Whether a model of these files stays in the last-level cache (`kernels::stays_cached` over
