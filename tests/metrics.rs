@@ -223,6 +223,46 @@ fn bad_labels_are_refused() {
     assert!(e.submit(r).is_ok());
 }
 
+/// A request that finishes on an accepted draft (here a stop token) commits nothing after it:
+/// `EngineStats::decode` counts the tokens kept, not accepted drafts + 1 (which counted one
+/// token per such request that was never committed, and the spec bench's decode tok/s with it).
+#[test]
+fn decode_tokens_end_at_a_stop_on_an_accepted_draft() {
+    let run = |draft: DraftSource, k: usize, stop: Option<u32>| {
+        let mut cfg = spec_test_cfg(SpecMode::Fixed(k));
+        cfg.draft_p_min = 0.0; // draft k tokens every step
+        let e = Engine::new(&golden("v3_yarn"), draft, cfg).unwrap();
+        let mut r =
+            specmla::engine::Request::new(specmla::engine::Prompt::Tokens(vec![20, 21, 22]));
+        r.sampling.max_tokens = 24;
+        r.sampling.ignore_eos = true;
+        r.sampling.stop_token_ids = stop.into_iter().collect();
+        e.submit(r).unwrap();
+        let mut tokens = Vec::new();
+        while e.has_work() {
+            for ev in e.step().unwrap() {
+                tokens.extend(ev.tokens);
+            }
+        }
+        (tokens, e.stats())
+    };
+    let (plain, _) = run(DraftSource::None, 0, None);
+    // the target as its own draft: every draft accepted, so a stop token that is not the first
+    // token of a verification's bonus position ends the request on an accepted draft
+    let mut ended_on_a_draft = 0;
+    for i in 1..plain.len() {
+        let t = plain[i];
+        if plain[..i].contains(&t) {
+            continue; // the stop would end the request at its first occurrence
+        }
+        let (tokens, st) = run(DraftSource::Dir(golden("v3_yarn")), 4, Some(t));
+        assert_eq!(tokens, plain[..=i], "stop at {i}");
+        assert_eq!(st.decode.committed_tokens, i as u64, "stop at {i}");
+        ended_on_a_draft += usize::from(i % 5 != 0);
+    }
+    assert!(ended_on_a_draft > 0, "no stop fell on an accepted draft");
+}
+
 /// `EngineStats::decode` counts exactly the decode-only steps: one request alone commits its
 /// first token in the prefill step and every later token in a decode step (plain decoding: one
 /// per step; with a draft: the accepted drafts too), and those steps' time and bytes are part of

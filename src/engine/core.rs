@@ -173,7 +173,7 @@ impl Core {
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
         self.hand_hidden(&plan, &inputs, &out.hidden);
-        let verified = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
+        let (verified, committed) = self.verify_and_commit(&plan, &proposals, &inputs, &out.logits);
         self.roll_back(&plan, &verified);
         let decode_only = plan.iter().all(|p| p.decode);
         for p in plan.iter().filter(|p| p.decode) {
@@ -184,7 +184,6 @@ impl Core {
             .observe(t_step.elapsed().as_secs_f64());
         if decode_only {
             let drafted = proposals.iter().any(|p| !p.tokens.is_empty());
-            let committed: usize = verified.iter().flatten().map(|(a, _)| a + 1).sum();
             let secs = t_step.elapsed().as_secs_f64();
             self.decode.steps += 1;
             self.decode.seconds += secs;
@@ -434,17 +433,21 @@ impl Core {
 
     /// Verify and commit, per planned request and position: forced budget token, else greedy
     /// match / rejection sampling; every committed token updates budget, log-prob, text, stops.
-    /// Returns per planned request (accepted drafts, drafts) (None for a prefill chunk).
+    /// Returns per planned request (accepted drafts, drafts) (None for a prefill chunk), and the
+    /// tokens the decode requests committed — accepted drafts plus the verified token, except
+    /// where a request finished (end of sequence, stop, token cap) on an accepted draft: the
+    /// drafts after it, and the token that would have followed, are not committed.
     fn verify_and_commit(
         &mut self,
         plan: &[Planned],
         proposals: &[Proposal],
         inputs: &[Vec<u32>],
         logits: &[f32],
-    ) -> Vec<Option<(usize, usize)>> {
+    ) -> (Vec<Option<(usize, usize)>>, usize) {
         let vocab = self.model.config.vocab_size;
         let mut row0 = 0;
         let mut verified = Vec::with_capacity(plan.len());
+        let mut committed = 0usize;
         for (j, p) in plan.iter().enumerate() {
             let r = &mut self.running[p.idx];
             r.check_fault();
@@ -528,6 +531,7 @@ impl Core {
                     &self.eos,
                     self.tokenizer.as_deref(),
                 );
+                committed += 1;
                 if verdict == Verdict::Accepted {
                     accepted += 1;
                 }
@@ -562,7 +566,7 @@ impl Core {
             }
             verified.push(Some((accepted, n)));
         }
-        verified
+        (verified, committed)
     }
 
     /// Roll back: each decode request's target KV is truncated to the fed last token plus its
@@ -664,7 +668,8 @@ pub struct DecodeSteps {
     pub steps: u64,
     /// Wall seconds of those steps (drafting, verification, commit).
     pub seconds: f64,
-    /// Tokens they committed (accepted drafts + one per verified request).
+    /// Tokens they committed (accepted drafts + one per verified request, none past the token
+    /// on which a request finished).
     pub committed_tokens: u64,
     /// Target weight bytes their forwards needed.
     pub weight_bytes: u64,
