@@ -511,6 +511,7 @@ fn run_target(
     let mut all_identical = true;
     let mut acc_lines = Vec::new();
     let mut mtp_lines: Vec<String> = Vec::new();
+    let mut aa_lines: Vec<String> = Vec::new();
     for (bname, budgets) in &budget_sets {
         for &b in batches {
             progress(&format!(
@@ -547,6 +548,38 @@ fn run_target(
             .expect("two plain runs");
             let plain_step_bytes =
                 plain.stats.target_weight_bytes as f64 / plain.stats.steps.max(1) as f64;
+            // --interleaved R: R interleaved runs of two plain engines too — the method's own
+            // A/A spread, the floor under which an interleaved speedup is not resolved (an
+            // adaptive row that drafts almost nothing is such a pair).
+            let mut aa_inter = Vec::new();
+            if a.interleaved > 0 {
+                progress(&format!(
+                    "spec bench: {tname}, budget {bname}, batch {b}: interleaved plain A/A"
+                ));
+            }
+            for _ in 0..a.interleaved {
+                let (p, q) = run_interleaved(
+                    target,
+                    DraftSource::None,
+                    &base,
+                    SpecMode::Fixed(0),
+                    b,
+                    work,
+                )?;
+                all_identical &= p.tokens == plain.tokens && q.tokens == plain.tokens;
+                aa_inter.push(q.tps() / p.tps());
+            }
+            if !aa_inter.is_empty() {
+                let (lo, hi) = super::min_max(&aa_inter);
+                aa_lines.push(format!(
+                    "interleaved plain A/A, budget {bname}, batch {b}: {} (min {lo:.3}, max {hi:.3})",
+                    aa_inter
+                        .iter()
+                        .map(|x| format!("{x:.3}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
             if b == batches[0] {
                 if let (Some(t), Some(te)) = (tok.as_ref(), think_end) {
                     let correct: Vec<bool> = plain
@@ -781,6 +814,7 @@ fn run_target(
                     // recursion limit)
                     run_json["roofline_speedup_prefill_as_plain"] = json!(roof_pf);
                     run_json["measured_over_roofline_prefill_as_plain"] = json!(frac_pf);
+                    run_json["interleaved_plain_aa"] = json!(aa_inter);
                     run_json["interleaved_measured_over_roofline_prefill_as_plain"] =
                         json!((!inter_frac_pf.is_empty())
                             .then(|| super::percentile(&inter_frac_pf, 50.0)));
@@ -829,7 +863,7 @@ fn run_target(
         ],
         &rows,
     );
-    for l in acc_lines.iter().chain(&mtp_lines) {
+    for l in acc_lines.iter().chain(&mtp_lines).chain(&aa_lines) {
         text += l;
         text += "\n";
     }
@@ -846,7 +880,7 @@ fn run_target(
     }
     if a.interleaved > 0 {
         text += &format!(
-            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out);\n  meas/roof = those medians over the row's roofline (counts only, the same in every run): the roofline fraction\n  with the host's phase changes cancelled, where the separate plain and spec runs of the meas/roof column are not.\n",
+            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out);\n  meas/roof = those medians over the row's roofline (counts only, the same in every run): the roofline fraction\n  with the host's phase changes cancelled, where the separate plain and spec runs of the meas/roof column are not.\n  interleaved plain A/A = the same with two plain engines: the method's own spread, per batch and budget.\n",
             a.interleaved
         );
     }
