@@ -633,9 +633,9 @@ fn run_target(
                     let mut interleaved = Vec::new();
                     let mut interleaved_runs = Vec::new();
                     let mut interleaved_decode = Vec::new();
-                    // (plain's ideal-spec seconds numerator parts, spec seconds) per run, for the
-                    // end-to-end fraction with prefill as plain measured it (the roofline is
-                    // computed below)
+                    // (plain wall, plain decode-only, spec wall) seconds per run, for the
+                    // end-to-end fraction with prefill as plain measured it (its decode roofline
+                    // is computed below)
                     let mut interleaved_parts = Vec::new();
                     for _ in 0..a.interleaved {
                         let (p, q) = run_interleaved(target, d.src.clone(), &base, mode, b, work)?;
