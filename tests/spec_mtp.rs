@@ -379,20 +379,11 @@ fn a_random_mtp_layer_is_lossless_too() {
 /// `spec` that the test steps by hand (`Stepped`).
 fn stepped(n: usize, drafter: DraftSource, spec: SpecMode) -> (Vec<Request>, Vec<Output>, Stepped) {
     let (reqs, plain) = unbudgeted(n);
-    let e = Engine::new(&target(), drafter, cfg(spec)).unwrap();
-    let ids: Vec<u64> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
-    let got = plain
-        .iter()
-        .zip(&ids)
-        .map(|(p, &id)| Output {
-            id,
-            token_ids: vec![],
-            logprobs: vec![],
-            finish_reason: String::new(),
-            ..p.clone()
-        })
-        .collect();
-    (reqs, plain, Stepped { e, ids, got })
+    let mut s = Stepped::new(Engine::new(&target(), drafter, cfg(spec)).unwrap());
+    for (r, p) in reqs.iter().zip(&plain) {
+        s.submit(r, p);
+    }
+    (reqs, plain, s)
 }
 
 /// `n` workload requests without budgets and their plain outputs.
@@ -420,6 +411,25 @@ struct Stepped {
 }
 
 impl Stepped {
+    fn new(e: Engine) -> Self {
+        Stepped {
+            e,
+            ids: Vec::new(),
+            got: Vec::new(),
+        }
+    }
+    /// Submit `r`, its output collected from empty, its other fields (counters) from `plain`.
+    fn submit(&mut self, r: &Request, plain: &Output) {
+        let id = self.e.submit(r.clone()).unwrap();
+        self.ids.push(id);
+        self.got.push(Output {
+            id,
+            token_ids: vec![],
+            logprobs: vec![],
+            finish_reason: String::new(),
+            ..plain.clone()
+        });
+    }
     fn step(&mut self) {
         for ev in self.e.step().unwrap() {
             let o = self.got.iter_mut().find(|o| o.id == ev.id).unwrap();
@@ -520,27 +530,16 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
 #[test]
 fn adaptive_mode_stops_exploring_arrival_steps_once_acceptance_is_learned() {
     let (reqs, plain) = unbudgeted(14);
-    let e = Engine::new(
-        &target(),
-        DraftSource::Mtp,
-        cfg(SpecMode::Adaptive { k_max: 2 }),
-    )
-    .unwrap();
-    let mut s = Stepped {
-        e,
-        ids: Vec::new(),
-        got: Vec::new(),
-    };
+    let mut s = Stepped::new(
+        Engine::new(
+            &target(),
+            DraftSource::Mtp,
+            cfg(SpecMode::Adaptive { k_max: 2 }),
+        )
+        .unwrap(),
+    );
     for (r, p) in reqs.iter().zip(&plain) {
-        let id = s.e.submit(r.clone()).unwrap();
-        s.ids.push(id);
-        s.got.push(Output {
-            id,
-            token_ids: vec![],
-            logprobs: vec![],
-            finish_reason: String::new(),
-            ..p.clone()
-        });
+        s.submit(r, p);
         s.step();
     }
     let explored = s.draft_steps();

@@ -132,8 +132,9 @@ impl Core {
     fn decide_drafts(&self, i: usize, st: &mut StepDrafts) -> (usize, Vec<u32>, usize) {
         let r = &self.running[i];
         let lag = r.drafter_lag();
+        let catching_up = self.catching_up(r);
         let start = match self.catch_up_s_per_row {
-            _ if !(st.adaptive && self.catching_up(r)) => Start::Steady,
+            _ if !(st.adaptive && catching_up) => Start::Steady,
             None => Start::Blind,
             Some(per_row) => Start::Priced(lag as f64 * per_row),
         };
@@ -159,11 +160,7 @@ impl Core {
             n_decode: st.n_decode,
             // a request that first catches up is priced for its steady drafting to come, when
             // it shares the forward with the whole batch (the catch-up is priced apart)
-            sharing: if self.catching_up(r) {
-                st.n_decode
-            } else {
-                st.sharing
-            },
+            sharing: if catching_up { st.n_decode } else { st.sharing },
             drafter_alpha: self.drafter_alpha,
             pos_alpha: &self.pos_alpha,
             pos_obs: &self.pos_obs,

@@ -153,9 +153,9 @@ pub const DRAFT_PRIOR_WEIGHT: f64 = 4.0;
 /// step measures beyond a share is noise, and at batch 16 noise is most of a small drafting
 /// step: its plain steps vary by +-3 ms around ~33 ms while a drafted token costs ~1.3 ms, so
 /// two early steps of 1 and 3 drafts, timed 5 and ~10 ms beyond the plain line, priced a
-/// drafted token at 2.6 ms against a 2 ms share: the draft model (~100 % accepted) stopped drafting for the rest of the run
-/// (adaptive 0.95x where fixed k = 1 gave 1.18x), as the explorer at batch 16 comes after
-/// 256 idle steps.
+/// drafted token at 2.6 ms against a 2 ms share: the draft model (~100 % accepted) stopped
+/// drafting for the rest of the run (adaptive 0.95x where fixed k = 1 gave 1.18x), as the
+/// explorer at batch 16 comes after 256 idle steps.
 pub const DRAFT_MAX_SHARE: f64 = 1.0;
 
 /// What one request's drafts cost in a step of a given batch (see [`TargetCost::price`]).

@@ -166,7 +166,7 @@ impl WeightStore {
             WeightSource::Dir(d) => Self::open_dir_with(&d, huge_pages),
             WeightSource::File(p) => {
                 let mut s = Self::empty();
-                let copy = huge_pages || stays_cached(&[&p])?;
+                let copy = huge_pages || stays_cached(std::slice::from_ref(&p))?;
                 s.add_shard(map_file(&p, copy)?)?;
                 Ok(s)
             }
@@ -212,8 +212,7 @@ impl WeightStore {
                 "no model.safetensors.index.json, model.safetensors or *.safetensors file",
             ));
         }
-        let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-        let copy = huge_pages || stays_cached(&paths)?;
+        let copy = huge_pages || stays_cached(&files)?;
         let mut s = Self::empty();
         for f in files.drain(..) {
             s.add_shard(map_file(&f, copy)?)?;
@@ -231,8 +230,7 @@ impl WeightStore {
             .map(|f| dir.join(f))
             .filter(|p| p.is_file())
             .collect();
-        let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
-        let copy = huge_pages || stays_cached(&paths)?;
+        let copy = huge_pages || stays_cached(&files)?;
         Self::from_index(&ipath, &by_shard, |file| {
             let p = dir.join(file);
             if p.is_file() {
@@ -425,9 +423,10 @@ fn parse_index(ipath: &str, text: &[u8]) -> Result<BTreeMap<String, Vec<String>>
 /// their summed sizes): decided per model, not per file, so the small shards of a large model
 /// (the bundled target's MTP shard, the last shard of a sharded checkpoint) are mapped like the
 /// rest of it (`Model::load` marks matrices cache-resident by the same total).
-fn stays_cached(files: &[&Path]) -> Result<bool> {
+fn stays_cached(files: &[impl AsRef<Path>]) -> Result<bool> {
     let mut total = 0u64;
     for p in files {
+        let p = p.as_ref();
         total += std::fs::metadata(p).map_err(|e| io_err(p, e))?.len();
     }
     Ok(crate::kernels::stays_cached(total))
