@@ -155,9 +155,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub paired: usize,
     /// Speculation bench: R interleaved (plain, spec) runs per row: both engines serve the
-    /// workload at once, their steps alternating, each engine timed over its own steps only,
-    /// so a change of the host's speed (seconds to minutes here) hits both alike; reports the
-    /// median of the R ratios (0 = off).
+    /// workload at once, the one with fewer committed tokens stepping next (so they pass
+    /// through the workload together), each engine timed over its own steps only, so a change
+    /// of the host's speed (seconds to minutes here) hits both alike; reports the median of the
+    /// R ratios (0 = off).
     #[arg(long, default_value_t = 0)]
     pub interleaved: usize,
     /// Speculation bench: the requests arrive one every S engine steps (the plain and the
@@ -402,6 +403,11 @@ impl Submitted {
             self.ids.push(engine.submit(r)?);
         }
         Ok(())
+    }
+
+    /// Tokens committed so far, all requests together.
+    pub fn committed(&self) -> usize {
+        self.tokens.iter().map(Vec::len).sum()
     }
 
     /// Whether every request has finished.

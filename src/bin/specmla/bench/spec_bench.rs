@@ -259,9 +259,14 @@ fn bench_engine(
     Engine::new(target, draft, cfg)
 }
 
-/// The workload on a plain engine and a speculative one at once (`--interleaved`): their steps
-/// alternate, each engine's wall time is the sum of its own steps, so both runs see the same
-/// host phases. Returns (plain, spec).
+/// The workload on a plain engine and a speculative one at once (`--interleaved`): the engine
+/// that has committed fewer tokens steps next (the plain one on a tie), each engine's wall time
+/// is the sum of its own steps. Both commit the same tokens (speculation is lossless), so they
+/// pass through the workload together and any host phase falls on the same stretch of it for
+/// both. Alternating steps instead, a batch-1 run at k = 8 (~8 tokens a step) finished its
+/// speculative steps in the first ~30 % of the window while the plain engine's steps covered
+/// all of it, so a host that changed speed within the window biased the ratio. Returns
+/// (plain, spec).
 fn run_interleaved(
     target: &Path,
     draft: DraftSource,
@@ -279,17 +284,13 @@ fn run_interleaved(
         super::Submitted::staggered(&engines[1], work.requests(), work.stagger)?,
     ];
     let mut wall = [0.0f64; 2];
-    while runs.iter().any(|r| !r.done()) {
-        for (j, (e, run)) in engines.iter().zip(runs.iter_mut()).enumerate() {
-            if run.done() {
-                continue;
-            }
-            let t = Instant::now();
-            let events = e.step()?;
-            wall[j] += t.elapsed().as_secs_f64();
-            run.absorb(events)?;
-            run.arrive(e)?;
-        }
+    while let Some(j) = next_to_step(&runs) {
+        let (e, run) = (&engines[j], &mut runs[j]);
+        let t = Instant::now();
+        let events = e.step()?;
+        wall[j] += t.elapsed().as_secs_f64();
+        run.absorb(events)?;
+        run.arrive(e)?;
     }
     let [tp, ts] = runs.map(|r| r.tokens);
     let [ep, es] = engines;
@@ -305,6 +306,22 @@ fn run_interleaved(
             stats: es.stats(),
         },
     ))
+}
+
+/// Which of two interleaved runs steps next: the unfinished one with fewer committed tokens,
+/// the first on a tie; None when both are done.
+fn next_to_step(runs: &[super::Submitted; 2]) -> Option<usize> {
+    next_of(runs.each_ref().map(|r| (r.done(), r.committed())))
+}
+
+/// [`next_to_step`] on (done, committed tokens) of each run.
+fn next_of(runs: [(bool, usize); 2]) -> Option<usize> {
+    match runs {
+        [(true, _), (true, _)] => None,
+        [(false, _), (true, _)] => Some(0),
+        [(true, _), (false, _)] => Some(1),
+        [(false, a), (false, b)] => Some(usize::from(b < a)),
+    }
 }
 
 /// A drafter of the matrix.
@@ -880,7 +897,7 @@ fn run_target(
     }
     if a.interleaved > 0 {
         text += &format!(
-            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  steps alternating, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out);\n  meas/roof = those medians over the row's roofline (counts only, the same in every run): the roofline fraction\n  with the host's phase changes cancelled, where the separate plain and spec runs of the meas/roof column are not.\n  interleaved plain A/A = the same with two plain engines: the method's own spread, per batch and budget.\n",
+            "interleaved speedup = median (min-max) of {} runs with a plain and a speculative engine serving the workload at once,\n  the engine with fewer committed tokens stepping next, each engine's tok/s over its own steps' time (both see the same host phases);\n  decode = the same over decode-only steps (the prefill steps, the same work in both, left out);\n  meas/roof = those medians over the row's roofline (counts only, the same in every run): the roofline fraction\n  with the host's phase changes cancelled, where the separate plain and spec runs of the meas/roof column are not.\n  interleaved plain A/A = the same with two plain engines: the method's own spread, per batch and budget.\n",
             a.interleaved
         );
     }
@@ -901,6 +918,35 @@ mod tests {
         assert!((ideal_spec_s(8.0, 8.0, 4.0) - 2.0).abs() < 1e-12);
         // a decode time above the wall (clock skew) leaves no negative prefill
         assert!((ideal_spec_s(8.0, 9.0, 3.0) - 3.0).abs() < 1e-12);
+    }
+
+    /// The run behind in committed tokens steps next (the plain one on a tie): a speculative
+    /// engine that commits 8 tokens a step waits for ~8 plain steps; a finished run never steps.
+    #[test]
+    fn interleaving_keeps_the_runs_level_in_committed_tokens() {
+        assert_eq!(next_of([(false, 0), (false, 0)]), Some(0));
+        assert_eq!(next_of([(false, 3), (false, 8)]), Some(0));
+        assert_eq!(next_of([(false, 8), (false, 8)]), Some(0));
+        assert_eq!(next_of([(false, 9), (false, 8)]), Some(1));
+        assert_eq!(next_of([(true, 40), (false, 40)]), Some(1));
+        assert_eq!(next_of([(false, 0), (true, 40)]), Some(0));
+        assert_eq!(next_of([(true, 40), (true, 40)]), None);
+        // a plain run against one committing 8 tokens a step: 8 plain steps per speculative one
+        let (mut p, mut s, mut order) = (0usize, 0usize, String::new());
+        while p < 24 || s < 24 {
+            match next_of([(p >= 24, p), (s >= 24, s)]) {
+                Some(0) => {
+                    p += 1;
+                    order.push('p');
+                }
+                Some(_) => {
+                    s += 8;
+                    order.push('S');
+                }
+                None => break,
+            }
+        }
+        assert_eq!(order, "pSppppppppSppppppppSppppppp");
     }
 
     #[test]
