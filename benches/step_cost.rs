@@ -5,7 +5,7 @@
 //! Why: the adaptive policy (`spec::policy`) prices a drafted token from timed engine steps,
 //! whose drafts it chose itself, on a host whose speed swings by 5-30 % within minutes. This
 //! bench takes the policy out: BATCH sequences of the bundled workload (prompts in
-//! `models/workload/prompts.jsonl`, each cut two tokens short) decode one step each, and `d` of
+//! `models/workload/prompts.jsonl`, each cut K + 1 tokens short) decode one step each, and `d` of
 //! them also verify K drafted tokens (the prompt's next tokens), for d in 0, 1, 2, 3, 4, 6, 8,
 //! 12, 16 (up to BATCH); the d values rotate within each repetition, so the host's changes hit
 //! every d alike. Prints, per d, the median step time, its excess over d = 0 and the excess
@@ -146,14 +146,26 @@ fn main() {
     }
     if std::env::var_os("SPECMLA_STEP_PROFILE").is_some() {
         let pick: Vec<usize> = [0, 1, 3, 16].into_iter().filter(|&d| d <= batch).collect();
-        profile_by_family(&mut |d| step(d).0, &pick, reps.max(1));
+        let moe_inter = model
+            .config
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.moe_intermediate_size);
+        let expert = (moe_inter, model.config.hidden_size);
+        profile_by_family(&mut |d| step(d).0, &pick, reps.max(1), expert);
     }
 }
 
 /// Per-call matmul sums by matrix family for `steps` steps of each d (`SPECMLA_STEP_PROFILE=1`):
-/// where a drafted token's time goes. Calls that run side by side (an MoE layer's experts on
-/// both threads) each count their own wall time.
-fn profile_by_family(run: &mut dyn FnMut(usize) -> f64, ds: &[usize], steps: usize) {
+/// where a drafted token's time goes. A routed expert's products ([inter, hidden] and [hidden,
+/// inter], `expert`) are one family; its one-token gate + up passes show as `many`. Calls that run
+/// side by side (an MoE layer's experts on both threads) each count their own wall time.
+fn profile_by_family(
+    run: &mut dyn FnMut(usize) -> f64,
+    ds: &[usize],
+    steps: usize,
+    expert: (usize, usize),
+) {
     use specmla::kernels::{matmul_profile, reset_matmul_profile, set_matmul_profiling};
     println!("per step, ms: step, matmul sums by family (rows x cols)");
     for &d in ds {
@@ -167,8 +179,11 @@ fn profile_by_family(run: &mut dyn FnMut(usize) -> f64, ds: &[usize], steps: usi
         let mut fam: std::collections::BTreeMap<String, f64> = Default::default();
         for s in matmul_profile() {
             let k = s.shape;
+            let (inter, hidden) = expert;
+            let routed = inter > 0
+                && ((k.rows, k.cols) == (inter, hidden) || (k.rows, k.cols) == (hidden, inter));
             let name = match (k.rows, k.cols) {
-                (768, _) | (_, 768) if !k.many => "routed experts".to_string(),
+                _ if routed && !k.many => "routed experts".to_string(),
                 (r, c) => format!("{r}x{c}{}", if k.many { " many" } else { "" }),
             };
             *fam.entry(name).or_default() += s.seconds;
