@@ -121,10 +121,10 @@ fn main() {
         dir.display()
     );
     println!("   d   step ms   excess ms   ms/draft   weight MB   MB/draft   (draft = one request's {k} tokens)");
-    let med0 = median(&mut times[0].clone());
+    let meds: Vec<f64> = times.iter_mut().map(|t| median(t)).collect(); // [d index] seconds
     for (i, &d) in ds.iter().enumerate() {
-        let m = median(&mut times[i].clone());
-        let ex = (m - med0) * 1e3;
+        let m = meds[i];
+        let ex = (m - meds[0]) * 1e3;
         let mb = bytes[i] as f64 / 1e6;
         let mb_ex = (bytes[i] as f64 - bytes[0] as f64) / 1e6;
         if d == 0 {
@@ -202,6 +202,7 @@ fn profile_by_family(
     }
 }
 
+/// The median of `v` (sorted in place; not empty).
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
