@@ -288,6 +288,112 @@ fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
     );
 }
 
+/// An idle adaptive MTP drafter does not make the target recompute a cached prefix it does not
+/// hold: the first request does not speculate (the MTP layer never sees its prompt), so the
+/// next ones, sharing its prompt's prefix, find the target's blocks cached and the MTP's not.
+/// With drafts being made (fixed k) the target reuses no more than the MTP holds (nothing for
+/// the second request, the second's prompt for the third) and the requests draft; with the adaptive drafter idle for more than a few steps the target
+/// reuses the whole cached prefix and the drafter is never asked to draft for those requests
+/// (it could not: it has no hidden states of the reused positions). Outputs equal plain
+/// decoding either way.
+#[test]
+fn an_idle_adaptive_mtp_drafter_lets_the_target_reuse_the_whole_cached_prefix() {
+    let prompts = common::workload_prompt_ids(4);
+    let mut system = prompts[3].clone();
+    system.pop();
+    let full = ((system.len() - 1) / 16 * 16) as u64; // whole blocks of the shared prefix
+    assert!(full >= 32, "shared prefix of {} tokens", system.len());
+    let mut reqs = requests(3);
+    for (i, r) in reqs.iter_mut().enumerate() {
+        let mut p = system.clone();
+        p.extend(&prompts[(i + 1) % 3]); // the first answers at length (34 tokens)
+        r.prompt = Prompt::Tokens(p);
+        r.speculate = i > 0;
+        r.reasoning_budget = None;
+    }
+    let plain = Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
+    let base: Vec<Output> = reqs
+        .iter()
+        .flat_map(|r| run(&plain, vec![r.clone()], &[]))
+        .collect();
+    for spec in [SpecMode::Fixed(2), SpecMode::Adaptive { k_max: 4 }] {
+        let mut c = cfg(spec);
+        c.prefix_cache = true;
+        let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
+        // one request at a time: each finds the previous prompts' blocks cached
+        let got: Vec<Output> = reqs
+            .iter()
+            .flat_map(|r| run(&e, vec![r.clone()], &[]))
+            .collect();
+        assert_same(&format!("{spec:?}"), &base, &got, &reqs);
+        assert!(
+            got[0].token_ids.len() > 8,
+            "the first request runs long enough to make the drafter idle"
+        );
+        for (i, o) in got.iter().enumerate().skip(1) {
+            let (reused, drafted) = (o.counters.cached_prompt_tokens, o.counters.drafted_tokens);
+            match spec {
+                SpecMode::Fixed(_) => {
+                    // request 1: the MTP holds nothing of the prefix; request 2: request 1's
+                    let want = if i == 1 { 0 } else { full };
+                    assert_eq!(
+                        reused, want,
+                        "{spec:?} request {i}: reused what the MTP holds"
+                    );
+                    assert!(drafted > 0, "{spec:?} request {i} drafted");
+                }
+                SpecMode::Adaptive { .. } => {
+                    assert_eq!(reused, full, "{spec:?} request {i}: whole prefix reused");
+                    assert_eq!(drafted, 0, "{spec:?} request {i}: no drafts without state");
+                }
+            }
+        }
+    }
+}
+
+/// `Proposer::can_draft` of the MTP drafter: true for a fresh request and for one whose prefix
+/// the target reused no further than the MTP restored; false once the target reuses more (no
+/// hidden states will come for the gap) or hands hidden states starting past the MTP KV (the
+/// drafter swapped in mid-request) — and such a request gets no drafts when asked.
+#[test]
+fn the_mtp_drafter_says_which_requests_it_cannot_draft_for() {
+    use specmla::sampling::SamplingParams;
+    use specmla::spec::{MtpProposer, ProposeRequest, Proposer};
+    let model = std::sync::Arc::new(Model::load_dir(&target()).unwrap());
+    let h = model.hidden_state_width();
+    let mut p = MtpProposer::new(model, KvDtype::F32, 64, 16).unwrap();
+    let prompt: Vec<u32> = common::workload_prompt_ids(1)[0].clone();
+    assert!(p.can_draft(1), "unknown request");
+    // the MTP cache holds nothing: a settle at 0 keeps it able to draft, a settle beyond not
+    assert_eq!(p.match_prefix(1, &prompt, prompt.len() - 1), 0);
+    p.settle_prefix(1, 0);
+    assert!(p.can_draft(1), "nothing reused");
+    assert_eq!(p.match_prefix(2, &prompt, prompt.len() - 1), 0);
+    p.settle_prefix(2, 16);
+    assert!(!p.can_draft(2), "target reused 16 positions the MTP lacks");
+    // hidden states arriving from position 16 on do not make it whole
+    let fed = &prompt[16..];
+    p.on_target_hidden(2, 16, fed, &vec![0.5; fed.len() * h]);
+    assert!(!p.can_draft(2));
+    // mid-request swap: the first hidden rows start past position 0
+    p.on_target_hidden(3, 8, fed, &vec![0.5; fed.len() * h]);
+    assert!(!p.can_draft(3));
+    let params = SamplingParams::default();
+    let ask = |id| ProposeRequest {
+        id,
+        context: &prompt,
+        prompt_len: prompt.len(),
+        k: 2,
+        params: &params,
+        arm: None,
+        p_min: 0.0,
+    };
+    let props = p.propose(&[ask(2), ask(3)]).unwrap();
+    assert!(props.iter().all(|q| q.tokens.is_empty()), "no drafts");
+    p.release(2);
+    assert!(p.can_draft(2), "released");
+}
+
 /// Prefix hits with the MTP drafter under pressure, checked every step (the engine's and the
 /// drafter's KV invariants): requests sharing prefixes of different lengths submitted together
 /// and in waves, small pools that evict cached blocks of either cache and preempt requests

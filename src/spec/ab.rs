@@ -198,6 +198,13 @@ impl Proposer for AbProposer {
         }
     }
 
+    fn can_draft(&self, id: u64) -> bool {
+        // an unassigned request may still go to either arm; its arm decides once assigned
+        self.targets(id)
+            .iter()
+            .any(|&a| self.arms[a].as_ref().is_some_and(|p| p.can_draft(id)))
+    }
+
     fn admit(&mut self, id: u64, asked: Option<u8>) {
         self.choose(id, asked);
     }

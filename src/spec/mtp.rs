@@ -325,6 +325,13 @@ impl Proposer for MtpProposer {
                 // hidden rows start past the MTP KV and the request drafts nothing (module doc).
                 self.kv.shorten_prefix_hit(&mut s.kv, &keys, len);
                 s.hid_start = len;
+            } else if s.kv.len() < len {
+                // The target reused more than the MTP holds (an idle adaptive drafter): no
+                // hidden states will come for [kv.len(), len), so this request is never drafted
+                // for; what was restored is given back.
+                self.kv.free(&mut s.kv);
+                s.hid_start = len;
+                s.publish = false;
             }
         }
     }
@@ -349,6 +356,11 @@ impl Proposer for MtpProposer {
         }
         s.fed.extend_from_slice(fed);
         s.hidden.extend_from_slice(hidden);
+    }
+
+    fn can_draft(&self, id: u64) -> bool {
+        // hidden rows (or the next ones, which start at `hid_start`) must join the MTP KV
+        self.seqs.get(&id).is_none_or(|s| s.hid_start <= s.kv.len())
     }
 
     fn on_commit(&mut self, _id: u64, _context: &[u32]) {

@@ -147,9 +147,21 @@ pub trait Proposer: Send {
     fn match_prefix(&mut self, _id: u64, _prompt: &[u32], max: usize) -> usize {
         max
     }
-    /// The target reuses `len` cached positions of request `id` (at most what
-    /// [`Proposer::match_prefix`] returned): the proposer drops what it restored beyond them.
+    /// The target reuses `len` cached positions of request `id`: the proposer drops what it
+    /// restored beyond them. `len` is normally at most what [`Proposer::match_prefix`]
+    /// returned; a longer one (the adaptive engine reuses the target's whole cached prefix
+    /// while the drafter is idle) leaves a proposer that needs hidden states unable to draft
+    /// for the request ([`Proposer::can_draft`]).
     fn settle_prefix(&mut self, _id: u64, _len: usize) {}
+    /// Whether the proposer can draft for request `id` at all. False when it lacks state for
+    /// part of the context that it cannot rebuild — the MTP layer without the target's hidden
+    /// states of a prefix the target reused beyond what the MTP restored (`settle_prefix` with
+    /// a longer `len`), or of the positions before it was swapped in mid-request: it would
+    /// draft nothing, so the engine asks it for no drafts (no empty rounds, no catch-up timed
+    /// that caught up on nothing). Default: true.
+    fn can_draft(&self, _id: u64) -> bool {
+        true
+    }
     /// The target just computed positions `start .. start + fed.len()` of request `id`, fed with
     /// `fed`; `hidden` holds their final-norm hidden states [fed.len(), hidden]. Some rows may
     /// belong to drafts that verification rejects: the proposer keeps only rows whose fed
