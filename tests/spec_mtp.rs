@@ -394,6 +394,48 @@ fn the_mtp_drafter_says_which_requests_it_cannot_draft_for() {
     assert!(p.can_draft(2), "released");
 }
 
+/// The MTP layer's recorded held-out acceptance (the adaptive policy's prior for it) is read
+/// from the checkpoint's mtp_stats.json; a missing, malformed or thin record gives None (the
+/// generic prior), never an error.
+#[test]
+fn the_recorded_mtp_acceptance_is_read_only_when_trustworthy() {
+    use specmla::spec::mtp::recorded_acceptance;
+    let a = recorded_acceptance(&target()).expect("models/target records its MTP acceptance");
+    let stats: Value =
+        serde_json::from_str(&std::fs::read_to_string(target().join("mtp_stats.json")).unwrap())
+            .unwrap();
+    assert_eq!(a, stats["heldout_acceptance_k1"].as_f64().unwrap());
+    let dir = std::env::temp_dir().join(format!("specmla-mtp-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(recorded_acceptance(&dir), None, "no file");
+    for (body, why) in [
+        ("{ not json", "malformed"),
+        (
+            r#"{"heldout_acceptance_k1": 0.8, "heldout_positions": 20}"#,
+            "too few positions",
+        ),
+        (
+            r#"{"heldout_acceptance_k1": 1.5, "heldout_positions": 4000}"#,
+            "not a fraction",
+        ),
+        (
+            r#"{"heldout_acceptance_k1": "0.8", "heldout_positions": 4000}"#,
+            "not a number",
+        ),
+        (r#"{"heldout_positions": 4000}"#, "absent"),
+    ] {
+        std::fs::write(dir.join("mtp_stats.json"), body).unwrap();
+        assert_eq!(recorded_acceptance(&dir), None, "{why}");
+    }
+    std::fs::write(
+        dir.join("mtp_stats.json"),
+        r#"{"heldout_acceptance_k1": 0.61, "heldout_positions": 900}"#,
+    )
+    .unwrap();
+    assert_eq!(recorded_acceptance(&dir), Some(0.61));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Prefix hits with the MTP drafter under pressure, checked every step (the engine's and the
 /// drafter's KV invariants): requests sharing prefixes of different lengths submitted together
 /// and in waves, small pools that evict cached blocks of either cache and preempt requests

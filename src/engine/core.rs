@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::spec::policy::{
-    learn_acceptance, next_explore_period, Lengths, LinearCost, TargetCost, EXPLORE_EVERY,
+    learn_acceptance, next_explore_period, AcceptPrior, Lengths, LinearCost, TargetCost,
+    EXPLORE_EVERY,
 };
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
@@ -28,7 +29,7 @@ use super::schedule::Planned;
 use super::EngineConfig;
 
 /// The adaptive policy's acceptance prior for a drafter nothing has been measured of.
-pub(crate) const DRAFTER_ALPHA_PRIOR: f64 = 0.7;
+pub(crate) const DRAFTER_ALPHA_PRIOR: f64 = AcceptPrior::GENERIC.alpha;
 
 pub(crate) struct Core {
     /// The target's CUDA backend (`EngineConfig::device`); None: the CPU kernels.
@@ -75,6 +76,10 @@ pub(crate) struct Core {
     pub decode: DecodeSteps,
     /// Engine-wide acceptance estimate of the current drafter (adaptive policy prior).
     pub drafter_alpha: f64,
+    /// The prior of `drafter_alpha` and of the first position's `pos_alpha`: the drafter's
+    /// recorded acceptance if it has one (`Proposer::recorded_acceptance`), else the guess;
+    /// later positions start from the guess.
+    pub first_prior: AcceptPrior,
     /// Verifications of the current drafter's drafts (any request) since it was installed:
     /// how much of `drafter_alpha` is evidence rather than prior (`schedule`'s ramp).
     pub drafter_obs: u64,
@@ -115,19 +120,38 @@ impl Core {
     pub(crate) fn new_drafter_generation(&mut self) {
         self.draft_generation += 1;
         self.drafter_disabled = None;
-        self.drafter_alpha = DRAFTER_ALPHA_PRIOR;
-        self.drafter_obs = 0;
+        self.reset_acceptance();
         self.idle_draft_steps = 0;
         self.steps_since_drafts = 0;
         self.explore_period = EXPLORE_EVERY;
-        self.pos_alpha.fill(DRAFTER_ALPHA_PRIOR);
-        self.pos_obs.fill(0);
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
         self.guard = Default::default();
         // the new drafter has seen none of the running requests: its first round catches up
         for r in self.running.iter_mut() {
             r.drafted_at = None;
+        }
+    }
+
+    /// Acceptance estimates back to the current drafter's priors, with no observations.
+    pub(crate) fn reset_acceptance(&mut self) {
+        let recorded = self.proposer.as_ref().and_then(|p| p.recorded_acceptance());
+        self.first_prior = recorded.map_or(AcceptPrior::GENERIC, AcceptPrior::recorded);
+        self.drafter_alpha = self.first_prior.alpha;
+        self.drafter_obs = 0;
+        self.pos_alpha.fill(AcceptPrior::GENERIC.alpha);
+        if let Some(a) = self.pos_alpha.first_mut() {
+            *a = self.first_prior.alpha;
+        }
+        self.pos_obs.fill(0);
+    }
+
+    /// The prior weight of draft position `j`'s estimate (`first_prior` for the first).
+    pub(crate) fn pos_prior_weight(&self, j: usize) -> f64 {
+        if j == 0 {
+            self.first_prior.weight
+        } else {
+            AcceptPrior::GENERIC.weight
         }
     }
 
@@ -565,12 +589,14 @@ impl Core {
                 };
                 r.alpha_obs += 1;
                 self.drafter_obs += 1;
-                learn_acceptance(&mut self.drafter_alpha, self.drafter_obs, obs);
+                let w = self.first_prior.weight;
+                learn_acceptance(&mut self.drafter_alpha, self.drafter_obs, obs, w);
                 // positions 1..=accepted succeeded, the next one (if drafted) failed
                 for j in 0..n_model.min(model_accepted + 1).min(self.pos_alpha.len()) {
                     let hit = if j < model_accepted { 1.0 } else { 0.0 };
                     self.pos_obs[j] += 1;
-                    learn_acceptance(&mut self.pos_alpha[j], self.pos_obs[j], hit);
+                    let w = self.pos_prior_weight(j);
+                    learn_acceptance(&mut self.pos_alpha[j], self.pos_obs[j], hit, w);
                 }
             }
             verified.push(Some((accepted, n)));

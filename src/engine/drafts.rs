@@ -8,6 +8,7 @@
 
 use crate::spec::policy::{
     catch_up_pays, choose_k_rates, optimistic_acceptance, LinearCost, TargetCost,
+    ACCEPT_PRIOR_WEIGHT,
 };
 use crate::spec::SpecMode;
 
@@ -31,6 +32,9 @@ pub(super) struct DraftContext<'a> {
     pub pos_alpha: &'a [f64],
     /// Observations behind each `pos_alpha`.
     pub pos_obs: &'a [u64],
+    /// The prior weight of the first position's estimate (`Core::first_prior`; later
+    /// positions': the guess's).
+    pub first_prior_weight: f64,
     /// Adaptive mode: draft at least this many (the informed policy's explorer, 1; else 0).
     pub min_k: usize,
 }
@@ -52,6 +56,7 @@ pub(super) fn choose_drafts(
         drafter_alpha,
         pos_alpha,
         pos_obs,
+        first_prior_weight,
         min_k,
     } = *ctx;
     // the engine's per-position profile, scaled by how this request's acceptance compares
@@ -66,7 +71,14 @@ pub(super) fn choose_drafts(
     let c: Vec<f64> = pos_alpha
         .iter()
         .enumerate()
-        .map(|(j, p)| optimistic_acceptance(p * ratio, pos_obs.get(j).copied().unwrap_or(0)))
+        .map(|(j, p)| {
+            let w = if j == 0 {
+                first_prior_weight
+            } else {
+                ACCEPT_PRIOR_WEIGHT
+            };
+            optimistic_acceptance(p * ratio, pos_obs.get(j).copied().unwrap_or(0), w)
+        })
         .collect();
     let mut k = match spec {
         SpecMode::Fixed(k) => k,

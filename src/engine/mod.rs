@@ -80,6 +80,8 @@ struct Shared {
     block_size: usize,
     num_blocks: usize,
     k_max: usize,
+    /// The target directory's recorded MTP acceptance (`SwapCtx::mtp_recorded_acceptance`).
+    mtp_recorded_acceptance: Option<f64>,
 }
 
 /// A serving engine over one target model and an optional drafter.
@@ -118,7 +120,8 @@ impl Engine {
         let huge = cfg.loads_huge_pages();
         let model = Arc::new(pool.install(|| Model::load_dir_with(target_dir, huge))?);
         let tokenizer = Tokenizer::from_model_dir(target_dir)?.map(Arc::new);
-        let mut eng = Engine::from_parts(model, tokenizer, None, cfg, pool)?;
+        let mtp_recorded = crate::spec::mtp::recorded_acceptance(target_dir);
+        let mut eng = Engine::from_parts(model, tokenizer, mtp_recorded, cfg, pool)?;
         if !matches!(draft, DraftSource::None) {
             if let DraftSource::Dir(d) = &draft {
                 eng.swaps
@@ -127,7 +130,9 @@ impl Engine {
                     )?));
             }
             let p = eng.build_proposer(draft)?;
-            eng.core.get_mut().expect("core lock").proposer = Some(p);
+            let core = eng.core.get_mut().expect("core lock");
+            core.proposer = Some(p);
+            core.reset_acceptance();
         }
         Ok(eng)
     }
@@ -145,7 +150,7 @@ impl Engine {
     fn from_parts(
         model: Arc<Model>,
         tokenizer: Option<Arc<Tokenizer>>,
-        proposer: Option<Box<dyn Proposer>>,
+        mtp_recorded_acceptance: Option<f64>,
         cfg: EngineConfig,
         pool: rayon::ThreadPool,
     ) -> Result<Engine> {
@@ -226,6 +231,7 @@ impl Engine {
             block_size: cfg.block_size,
             num_blocks: cfg.num_blocks,
             k_max,
+            mtp_recorded_acceptance,
         });
         let core = Core {
             cuda,
@@ -235,7 +241,7 @@ impl Engine {
             cfg: cfg.clone(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            proposer,
+            proposer: None,
             draft_generation: 0,
             target_cost: Default::default(),
             draft_cost: Default::default(),
@@ -255,6 +261,7 @@ impl Engine {
             draft_weight_bytes: 0,
             decode: Default::default(),
             drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
+            first_prior: crate::spec::policy::AcceptPrior::GENERIC,
             drafter_obs: 0,
             pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
             pos_obs: vec![0; k_max.max(1)],
@@ -653,6 +660,7 @@ impl Engine {
             device: self.cfg.device,
             kv_offload: self.cfg.kv_offload.clone(),
             huge_page_weights: self.cfg.loads_huge_pages(),
+            mtp_recorded_acceptance: self.shared.mtp_recorded_acceptance,
         }
     }
 

@@ -81,6 +81,9 @@ pub(crate) struct SwapCtx {
     pub kv_offload: Option<crate::kv::TierConfig>,
     /// Read a draft model's files into huge pages (`EngineConfig::huge_page_weights`).
     pub huge_page_weights: bool,
+    /// The target's MTP layer's recorded held-out acceptance (`spec::mtp::recorded_acceptance`
+    /// of the target directory; None for a model built in memory).
+    pub mtp_recorded_acceptance: Option<f64>,
 }
 
 struct Ready {
@@ -185,6 +188,7 @@ pub(crate) fn build(src: DraftSource, ctx: &SwapCtx) -> Result<Built> {
             if let Some(t) = &ctx.kv_offload {
                 p = p.with_tier(t)?;
             }
+            let p = p.with_recorded_acceptance(ctx.mtp_recorded_acceptance);
             return Ok((Some(Box::new(p)), None));
         }
         DraftSource::Ngram { min_n, max_n } => {

@@ -71,6 +71,24 @@ pub struct MtpProposer {
     seqs: HashMap<u64, MtpSeq>,
     /// Weight bytes its forwards needed so far ([`Proposer::weight_bytes`]).
     weight_bytes: u64,
+    /// The layer's held-out acceptance, if its checkpoint records one ([`recorded_acceptance`]).
+    recorded: Option<f64>,
+}
+
+/// Held-out positions below which a recorded acceptance is not used (too few to trust).
+const MIN_RECORDED_POSITIONS: u64 = 500;
+
+/// The MTP layer's first-position acceptance as its training recorded it next to the
+/// checkpoint: `heldout_acceptance_k1` of `dir/mtp_stats.json` (tools/train/train_mtp.py), when
+/// it is a fraction measured on at least [`MIN_RECORDED_POSITIONS`] held-out positions. A
+/// missing or unreadable file gives None (the policy's generic prior): it is advice for the
+/// adaptive policy, never a reason to refuse a checkpoint.
+pub fn recorded_acceptance(dir: &std::path::Path) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join("mtp_stats.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let a = v.get("heldout_acceptance_k1")?.as_f64()?;
+    let n = v.get("heldout_positions")?.as_u64()?;
+    (a > 0.0 && a < 1.0 && n >= MIN_RECORDED_POSITIONS).then_some(a)
 }
 
 impl MtpProposer {
@@ -102,7 +120,14 @@ impl MtpProposer {
             kv,
             seqs: HashMap::new(),
             weight_bytes: 0,
+            recorded: None,
         })
+    }
+
+    /// The layer's recorded held-out acceptance ([`recorded_acceptance`]), for the policy.
+    pub fn with_recorded_acceptance(mut self, a: Option<f64>) -> Self {
+        self.recorded = a;
+        self
     }
 
     /// Give the MTP cache a second KV tier (`EngineConfig::kv_offload`): its evicted and
@@ -356,6 +381,10 @@ impl Proposer for MtpProposer {
         }
         s.fed.extend_from_slice(fed);
         s.hidden.extend_from_slice(hidden);
+    }
+
+    fn recorded_acceptance(&self) -> Option<f64> {
+        self.recorded
     }
 
     fn can_draft(&self, id: u64) -> bool {

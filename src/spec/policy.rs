@@ -270,17 +270,49 @@ pub fn next_explore_period(period: u64, only_explorer: bool) -> u64 {
 pub const ACCEPT_PRIOR_WEIGHT: f64 = 4.0;
 pub const ACCEPT_MEMORY: u64 = 20;
 
+/// Weight, in observations, of a first-position acceptance recorded with the drafter's weights
+/// (`Proposer::recorded_acceptance`: measured on held-out traces of the task it was trained
+/// for): three times a guess's. Traced on the widened target (MTP, batch 4): the layer's first
+/// two drafts were rejected, which took the 0.7 guess at weight 4 to 0.47 and drafting stopped
+/// for the rest of the run (adaptive 0.98-0.99x where fixed k = 1 gave 1.05-1.11x at 74 %
+/// accepted); from the recorded 0.78 at weight 12 the same two rejections leave 0.67.
+pub const RECORDED_PRIOR_WEIGHT: f64 = 12.0;
+
+/// Where an acceptance estimate starts: a value and its weight in observations.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AcceptPrior {
+    pub alpha: f64,
+    pub weight: f64,
+}
+
+impl AcceptPrior {
+    /// A drafter nothing is known of: 0.7 at [`ACCEPT_PRIOR_WEIGHT`].
+    pub const GENERIC: AcceptPrior = AcceptPrior {
+        alpha: 0.7,
+        weight: ACCEPT_PRIOR_WEIGHT,
+    };
+
+    /// A recorded acceptance (clamped to [0.05, 0.95]) at [`RECORDED_PRIOR_WEIGHT`].
+    pub fn recorded(alpha: f64) -> AcceptPrior {
+        AcceptPrior {
+            alpha: alpha.clamp(0.05, 0.95),
+            weight: RECORDED_PRIOR_WEIGHT,
+        }
+    }
+}
+
 /// The `seen`-th acceptance observation `x` (0 or 1 for one draft position, or a fraction; the
-/// caller counts, from 1) into the estimate `est`: the mean of the prior (weight
-/// [`ACCEPT_PRIOR_WEIGHT`]) and the observations while they are few, then an exponential
-/// average over about [`ACCEPT_MEMORY`] of them (weight 1 / 24 per observation). An EMA of
+/// caller counts, from 1) into the estimate `est`: the mean of the prior (weight `prior_weight`,
+/// [`ACCEPT_PRIOR_WEIGHT`] for a guess) and the observations while they are few, then an
+/// exponential average over about [`ACCEPT_MEMORY`] of them (weight 1 / 24 per observation
+/// after a guess). An EMA of
 /// weight 0.05 from the 0.7 prior took ~10 verifications to learn that the n-gram drafter
 /// accepts 20 % on the widened target's workload, while the ramp let up to 11 requests draft at
 /// once; this estimate is at 0.45 after four. A drafter unlucky in its first verifications (the
 /// MTP layer's first two drafts on that workload are rejected) is re-measured by the policy's
 /// periodic explorer (`engine::schedule`).
-pub fn learn_acceptance(est: &mut f64, seen: u64, x: f64) {
-    *est += (x - *est) / (ACCEPT_PRIOR_WEIGHT + seen.clamp(1, ACCEPT_MEMORY) as f64);
+pub fn learn_acceptance(est: &mut f64, seen: u64, x: f64, prior_weight: f64) {
+    *est += (x - *est) / (prior_weight + seen.clamp(1, ACCEPT_MEMORY) as f64);
 }
 
 /// How far above its estimate the adaptive policy rates a draft position's acceptance, in
@@ -289,16 +321,17 @@ pub fn learn_acceptance(est: &mut f64, seen: u64, x: f64) {
 /// adaptive 0.95-0.96x; none left the weak draft model at 1.06x there, fixed k = 1 1.2x).
 pub const ACCEPT_OPTIMISM: f64 = 0.5;
 
-/// The acceptance the policy decides on for an estimate `a` behind `obs` observations:
-/// `a + ACCEPT_OPTIMISM x sqrt(a (1 - a) / (ACCEPT_PRIOR_WEIGHT + obs))` (an upper confidence
+/// The acceptance the policy decides on for an estimate `a` behind `obs` observations and a
+/// prior of weight `prior_weight`:
+/// `a + ACCEPT_OPTIMISM x sqrt(a (1 - a) / (prior_weight + obs))` (an upper confidence
 /// bound; `obs` uncapped, so it shrinks towards `a` as evidence grows; exact at 0). Without it
 /// a drafter whose first two verifications were rejected stopped for good: on the widened target at
 /// batch 4 the weak draft model (68 % accepted) fell to 0.47 after two rejections, drafting
 /// stopped paying at that estimate, and nothing re-measured it for the rest of the run (64 idle
 /// steps before the explorer's turn): adaptive 1.05x where fixed k = 1 gave 1.2x.
-pub fn optimistic_acceptance(a: f64, obs: u64) -> f64 {
+pub fn optimistic_acceptance(a: f64, obs: u64, prior_weight: f64) -> f64 {
     let a = a.clamp(0.0, 0.999);
-    let se = (a * (1.0 - a) / (ACCEPT_PRIOR_WEIGHT + obs as f64)).sqrt();
+    let se = (a * (1.0 - a) / (prior_weight + obs as f64)).sqrt();
     (a + ACCEPT_OPTIMISM * se).min(0.999)
 }
 
@@ -695,7 +728,7 @@ mod tests {
         let (mut a, mut n) = (0.7, 0);
         for _ in 0..4 {
             n += 1;
-            learn_acceptance(&mut a, n, 0.2);
+            learn_acceptance(&mut a, n, 0.2, ACCEPT_PRIOR_WEIGHT);
         }
         assert!(
             (a - 0.45).abs() < 1e-12,
@@ -703,34 +736,55 @@ mod tests {
         );
         for _ in 0..300 {
             n += 1;
-            learn_acceptance(&mut a, n, 0.2);
+            learn_acceptance(&mut a, n, 0.2, ACCEPT_PRIOR_WEIGHT);
         }
         // past the memory every observation weighs as the ACCEPT_MEMORY-th did
         let (mut far, mut at_memory) = (a, a);
-        learn_acceptance(&mut far, n + 1, 1.0);
-        learn_acceptance(&mut at_memory, ACCEPT_MEMORY, 1.0);
+        learn_acceptance(&mut far, n + 1, 1.0, ACCEPT_PRIOR_WEIGHT);
+        learn_acceptance(&mut at_memory, ACCEPT_MEMORY, 1.0, ACCEPT_PRIOR_WEIGHT);
         assert_eq!(far, at_memory);
         assert!((a - 0.2).abs() < 1e-3);
-        learn_acceptance(&mut a, n + 1, 1.0);
+        learn_acceptance(&mut a, n + 1, 1.0, ACCEPT_PRIOR_WEIGHT);
         assert!((a - (0.2 + 0.8 / 24.0)).abs() < 1e-3);
     }
 
     /// The decision acceptance sits half a standard error above the estimate and closes in on
     /// it as observations grow; it never reaches 1 and is exact at 0.
+    /// A recorded prior weighs three guesses: two early rejections move it far less.
+    #[test]
+    fn a_recorded_prior_survives_an_unlucky_start() {
+        let after_two = |prior: AcceptPrior| {
+            let mut a = prior.alpha;
+            for n in 1..=2 {
+                learn_acceptance(&mut a, n, 0.0, prior.weight);
+            }
+            a
+        };
+        let guess = after_two(AcceptPrior::GENERIC);
+        let rec = after_two(AcceptPrior::recorded(0.78));
+        assert!((guess - 0.7 * 4.0 / 6.0).abs() < 1e-12, "{guess}");
+        assert!((rec - 0.78 * 12.0 / 14.0).abs() < 1e-12, "{rec}");
+        // and its bound stays tighter at the same evidence
+        let wide = optimistic_acceptance(0.6, 2, ACCEPT_PRIOR_WEIGHT) - 0.6;
+        let tight = optimistic_acceptance(0.6, 2, RECORDED_PRIOR_WEIGHT) - 0.6;
+        assert!(tight < wide && tight > 0.0);
+        assert_eq!(AcceptPrior::recorded(1.5).alpha, 0.95);
+    }
+
     #[test]
     fn optimism_shrinks_with_evidence() {
-        let after2 = optimistic_acceptance(0.47, 2);
+        let after2 = optimistic_acceptance(0.47, 2, ACCEPT_PRIOR_WEIGHT);
         let want = 0.47 + ACCEPT_OPTIMISM * (0.47f64 * 0.53 / 6.0).sqrt();
         assert!((after2 - want).abs() < 1e-12, "{after2}");
         let mut last = after2;
         for obs in [10, 100, 1000, 100_000] {
-            let u = optimistic_acceptance(0.47, obs);
+            let u = optimistic_acceptance(0.47, obs, ACCEPT_PRIOR_WEIGHT);
             assert!(u < last && u > 0.47, "{obs}: {u}");
             last = u;
         }
         assert!(last - 0.47 < 2e-3);
-        assert_eq!(optimistic_acceptance(0.0, 0), 0.0);
-        assert!(optimistic_acceptance(0.999, 0) <= 0.999);
+        assert_eq!(optimistic_acceptance(0.0, 0, ACCEPT_PRIOR_WEIGHT), 0.0);
+        assert!(optimistic_acceptance(0.999, 0, ACCEPT_PRIOR_WEIGHT) <= 0.999);
         // two rejections of a 68 % drafter (estimate 0.47) still draft at batch 4, where one
         // draft breaks even at ~0.44 with the class's prior price
         let share = 0.0025;
@@ -742,7 +796,7 @@ mod tests {
         let free = LinearCost::default();
         assert_eq!(choose_k_rates(&[after2], 1, 4, Some(price), &free).0, 1);
         // a 12 % drafter after 20 observations does not
-        let low = optimistic_acceptance(0.12, 20);
+        let low = optimistic_acceptance(0.12, 20, ACCEPT_PRIOR_WEIGHT);
         assert_eq!(choose_k_rates(&[low], 1, 4, Some(price), &free).0, 0);
     }
 

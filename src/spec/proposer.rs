@@ -153,6 +153,13 @@ pub trait Proposer: Send {
     /// while the drafter is idle) leaves a proposer that needs hidden states unable to draft
     /// for the request ([`Proposer::can_draft`]).
     fn settle_prefix(&mut self, _id: u64, _len: usize) {}
+    /// The first draft position's acceptance recorded with the drafter's weights, measured on
+    /// held-out traces (the MTP layer's `mtp_stats.json`, written by its training): the
+    /// adaptive policy starts from it (`policy::AcceptPrior::recorded`) instead of a guess.
+    /// Default: None.
+    fn recorded_acceptance(&self) -> Option<f64> {
+        None
+    }
     /// Whether the proposer can draft for request `id` at all. False when it lacks state for
     /// part of the context that it cannot rebuild — the MTP layer without the target's hidden
     /// states of a prefix the target reused beyond what the MTP restored (`settle_prefix` with
