@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::spec::policy::{
-    learn_acceptance, next_explore_period, AcceptPrior, Lengths, LinearCost, TargetCost,
-    EXPLORE_EVERY,
+    catch_up_row_price, learn_acceptance, next_explore_period, AcceptPrior, Lengths, LinearCost,
+    TargetCost, EXPLORE_EVERY,
 };
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
@@ -244,11 +244,12 @@ impl Core {
                 Some(p) if decode_only => p,
                 _ => secs,
             };
-            let x = (secs - plain).max(draft_secs) / rows as f64;
-            self.catch_up_s_per_row = Some(match self.catch_up_s_per_row {
-                Some(v) => 0.7 * v + 0.3 * x,
-                None => x,
-            });
+            if let Some(x) = catch_up_row_price(rows, secs - plain, draft_secs) {
+                self.catch_up_s_per_row = Some(match self.catch_up_s_per_row {
+                    Some(v) => 0.7 * v + 0.3 * x,
+                    None => x,
+                });
+            }
         }
         let events = self.collect_events();
         let gen = self.draft_generation;

@@ -439,6 +439,30 @@ pub fn choose_k_rates(
     (best.0, Some(saved))
 }
 
+/// Positions a drafting round must catch up on before its time is taken as a catch-up price per
+/// position (`engine::Core::catch_up_s_per_row`). A shorter catch-up's time beyond a plain step is
+/// mostly the drafter forward's fixed cost and the drafts' verification: traced on the widened
+/// target (MTP, batch 4), a request drafting again 4 positions behind took +5 ms over a plain step
+/// and set the price to 1.3 ms per position, where a prompt's catch-up costs 0.07-0.2 ms; at that
+/// price no other request's catch-up ever paid, and the adaptive run drafted for one request in
+/// every third step (0.99-1.03x where fixed k = 1 gave 1.05-1.08x).
+pub const MIN_TIMED_CATCH_UP_ROWS: usize = 16;
+
+/// The per-position price of a drafting round that caught up on `rows` positions in all: its
+/// time beyond a plain step of its batch (`extra`), or the drafter's own time (`draft`) where
+/// that is more; None below [`MIN_TIMED_CATCH_UP_ROWS`].
+pub fn catch_up_row_price(rows: usize, extra: f64, draft: f64) -> Option<f64> {
+    (rows >= MIN_TIMED_CATCH_UP_ROWS).then(|| extra.max(draft) / rows as f64)
+}
+
+/// Whether a request whose drafter lags `lag` positions starts drafting from far behind (a
+/// prompt, many plain steps) rather than resuming a few positions behind: the adaptive policy
+/// prices a starter for the steady drafting to come, shared with the whole batch, and a
+/// resuming one like a steady one (`engine::schedule`).
+pub fn starts_from_far(lag: usize) -> bool {
+    lag >= MIN_TIMED_CATCH_UP_ROWS
+}
+
 /// Whether a request whose drafter must first catch up on `lag` positions (its whole context
 /// when it never drafted) should start drafting: the catch-up, `secs_per_row` each, must be
 /// paid back by the predicted saving per committed token (`saved`, from [`choose_k_rates`])
@@ -931,6 +955,18 @@ mod tests {
     }
 
     /// A catch-up must be repaid CATCH_UP_MARGIN times over the horizon.
+    #[test]
+    fn short_catch_ups_set_no_row_price() {
+        // 4 positions behind, +5 ms over plain: the drafter's fixed cost, not a price per row
+        assert_eq!(catch_up_row_price(4, 5e-3, 3e-3), None);
+        assert!(!starts_from_far(4));
+        // a prompt's catch-up: the larger of the step's excess and the drafter's time
+        let p = catch_up_row_price(48, 12e-3, 15e-3).unwrap();
+        assert!((p - 15e-3 / 48.0).abs() < 1e-15);
+        assert_eq!(catch_up_row_price(16, 8e-3, 0.0), Some(0.5e-3));
+        assert!(starts_from_far(16) && starts_from_far(200));
+    }
+
     #[test]
     fn catch_up_needs_its_margin() {
         // 100 positions at 0.1 ms: 10 ms; 0.1 ms saved per committed token
