@@ -351,10 +351,11 @@ fn an_idle_adaptive_mtp_drafter_lets_the_target_reuse_the_whole_cached_prefix() 
     }
 }
 
-/// `Proposer::can_draft` of the MTP drafter: true for a fresh request and for one whose prefix
-/// the target reused no further than the MTP restored; false once the target reuses more (no
-/// hidden states will come for the gap) or hands hidden states starting past the MTP KV (the
-/// drafter swapped in mid-request) — and such a request gets no drafts when asked.
+/// `Proposer::can_draft` of the MTP drafter: true for a request whose prefill it saw (hidden
+/// rows from position 0) and for one whose prefix the target reused no further than the MTP
+/// restored; false for a request it holds nothing for, once the target reuses more than it
+/// restored (no hidden states will come for the gap), or when hidden states start past the MTP
+/// KV (the drafter swapped in mid-request) — and such a request gets no drafts when asked.
 #[test]
 fn the_mtp_drafter_says_which_requests_it_cannot_draft_for() {
     use specmla::sampling::SamplingParams;
@@ -363,7 +364,10 @@ fn the_mtp_drafter_says_which_requests_it_cannot_draft_for() {
     let h = model.hidden_state_width();
     let mut p = MtpProposer::new(model, KvDtype::F32, 64, 16).unwrap();
     let prompt: Vec<u32> = common::workload_prompt_ids(1)[0].clone();
-    assert!(p.can_draft(1), "unknown request");
+    assert!(
+        !p.can_draft(1),
+        "a request it holds nothing for (swapped in after its prefill)"
+    );
     // the MTP cache holds nothing: a settle at 0 keeps it able to draft, a settle beyond not
     assert_eq!(p.match_prefix(1, &prompt, prompt.len() - 1), 0);
     p.settle_prefix(1, 0);
@@ -390,8 +394,11 @@ fn the_mtp_drafter_says_which_requests_it_cannot_draft_for() {
     };
     let props = p.propose(&[ask(2), ask(3)]).unwrap();
     assert!(props.iter().all(|q| q.tokens.is_empty()), "no drafts");
-    p.release(2);
-    assert!(p.can_draft(2), "released");
+    // hidden rows from position 0 on (its own prefill): it can draft
+    p.on_target_hidden(4, 0, &prompt, &vec![0.5; prompt.len() * h]);
+    assert!(p.can_draft(4));
+    p.release(4);
+    assert!(!p.can_draft(4), "released");
 }
 
 /// The MTP layer's recorded held-out acceptance (the adaptive policy's prior for it) is read

@@ -16,13 +16,13 @@ use crate::spec::policy::{
 use crate::spec::{SpecMode, StepKind};
 
 use super::core::Core;
+use super::drafts::{choose_drafts, DraftContext};
+use super::request::{FaultSite, ReqState};
 
 /// Steps without drafts after which an adaptive drafter counts as idle for prefix reuse
 /// (`Core::drafter_idle`): longer than the guard's plain-rate learning and than a ramp's pause,
 /// far shorter than the explorer's period.
 const IDLE_STEPS_FOR_PREFIX: u64 = 8;
-use super::drafts::{choose_drafts, DraftContext};
-use super::request::{FaultSite, ReqState};
 
 /// What the scheduler decided for one running request this step.
 pub(super) struct Planned {

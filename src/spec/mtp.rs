@@ -388,8 +388,12 @@ impl Proposer for MtpProposer {
     }
 
     fn can_draft(&self, id: u64) -> bool {
-        // hidden rows (or the next ones, which start at `hid_start`) must join the MTP KV
-        self.seqs.get(&id).is_none_or(|s| s.hid_start <= s.kv.len())
+        // The engine asks for decode requests only, whose prefill handed this proposer hidden
+        // rows (or whose prefix it restored) unless it was swapped in after that: no state, no
+        // drafts. With state, the hidden rows (which start at `hid_start`) must join the KV.
+        self.seqs
+            .get(&id)
+            .is_some_and(|s| s.hid_start <= s.kv.len())
     }
 
     fn on_commit(&mut self, _id: u64, _context: &[u32]) {
