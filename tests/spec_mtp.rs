@@ -69,6 +69,13 @@ fn run(engine: &Engine, reqs: Vec<Request>, swaps: &[(u64, DraftSource)]) -> Vec
     run_checked(engine, reqs, swaps)
 }
 
+/// Each request run alone, one after the other (each finds the previous ones' blocks cached).
+fn one_at_a_time(engine: &Engine, reqs: &[Request]) -> Vec<Output> {
+    reqs.iter()
+        .flat_map(|r| run(engine, vec![r.clone()], &[]))
+        .collect()
+}
+
 fn assert_same(label: &str, base: &[Output], got: &[Output], reqs: &[Request]) {
     assert_same_outputs(label, base, got, reqs)
 }
@@ -240,20 +247,13 @@ fn prefix_cache_hits_restore_the_mtp_kv_and_keep_outputs_and_drafts() {
         r.prompt = Prompt::Tokens(p);
     }
     let plain = Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
-    let base: Vec<Output> = reqs
-        .iter()
-        .flat_map(|r| run(&plain, vec![r.clone()], &[]))
-        .collect();
+    let base = one_at_a_time(&plain, &reqs);
     let mut runs = Vec::new();
     for prefix_cache in [true, false] {
         let mut c = cfg(SpecMode::Fixed(3));
         c.prefix_cache = prefix_cache;
         let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
-        // one request at a time: each finds the previous ones' blocks cached
-        let got: Vec<Output> = reqs
-            .iter()
-            .flat_map(|r| run(&e, vec![r.clone()], &[]))
-            .collect();
+        let got = one_at_a_time(&e, &reqs);
         assert_same(&format!("prefix cache {prefix_cache}"), &base, &got, &reqs);
         runs.push((got, e.stats()));
     }
@@ -312,19 +312,12 @@ fn an_idle_adaptive_mtp_drafter_lets_the_target_reuse_the_whole_cached_prefix() 
         r.reasoning_budget = None;
     }
     let plain = Engine::new(&target(), DraftSource::None, cfg(SpecMode::Fixed(0))).unwrap();
-    let base: Vec<Output> = reqs
-        .iter()
-        .flat_map(|r| run(&plain, vec![r.clone()], &[]))
-        .collect();
+    let base = one_at_a_time(&plain, &reqs);
     for spec in [SpecMode::Fixed(2), SpecMode::Adaptive { k_max: 4 }] {
         let mut c = cfg(spec);
         c.prefix_cache = true;
         let e = Engine::new(&target(), DraftSource::Mtp, c).unwrap();
-        // one request at a time: each finds the previous prompts' blocks cached
-        let got: Vec<Output> = reqs
-            .iter()
-            .flat_map(|r| run(&e, vec![r.clone()], &[]))
-            .collect();
+        let got = one_at_a_time(&e, &reqs);
         assert_same(&format!("{spec:?}"), &base, &got, &reqs);
         assert!(
             got[0].token_ids.len() > 8,

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::model::{ForwardOut, LogitsMode, Model, SeqChunk};
 use crate::spec::policy::{
-    catch_up_row_price, learn_acceptance, next_explore_period, AcceptPrior, Lengths, LinearCost,
-    TargetCost, EXPLORE_EVERY,
+    catch_up_row_price, learn_acceptance, next_explore_period, pos_prior_weight, AcceptPrior,
+    Lengths, LinearCost, TargetCost, EXPLORE_EVERY,
 };
 use crate::spec::{
     Counters, Proposal, ProposeRequest, Proposer, SpecGuard, SpecMode, StepKind, Verdict,
@@ -144,15 +144,6 @@ impl Core {
             *a = self.first_prior.alpha;
         }
         self.pos_obs.fill(0);
-    }
-
-    /// The prior weight of draft position `j`'s estimate (`first_prior` for the first).
-    pub(crate) fn pos_prior_weight(&self, j: usize) -> f64 {
-        if j == 0 {
-            self.first_prior.weight
-        } else {
-            AcceptPrior::GENERIC.weight
-        }
     }
 
     /// Run one step; returns the events of every request that committed tokens or finished.
@@ -596,7 +587,7 @@ impl Core {
                 for j in 0..n_model.min(model_accepted + 1).min(self.pos_alpha.len()) {
                     let hit = if j < model_accepted { 1.0 } else { 0.0 };
                     self.pos_obs[j] += 1;
-                    let w = self.pos_prior_weight(j);
+                    let w = pos_prior_weight(&self.first_prior, j);
                     learn_acceptance(&mut self.pos_alpha[j], self.pos_obs[j], hit, w);
                 }
             }

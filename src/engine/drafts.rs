@@ -7,8 +7,8 @@
 //! Guarantee: the choice only decides how many tokens are verified, never what is committed.
 
 use crate::spec::policy::{
-    catch_up_pays, choose_k_rates, optimistic_acceptance, LinearCost, TargetCost,
-    ACCEPT_PRIOR_WEIGHT,
+    catch_up_pays, choose_k_rates, optimistic_acceptance, pos_prior_weight, AcceptPrior,
+    LinearCost, TargetCost,
 };
 use crate::spec::SpecMode;
 
@@ -32,9 +32,9 @@ pub(super) struct DraftContext<'a> {
     pub pos_alpha: &'a [f64],
     /// Observations behind each `pos_alpha`.
     pub pos_obs: &'a [u64],
-    /// The prior weight of the first position's estimate (`Core::first_prior`; later
-    /// positions': the guess's).
-    pub first_prior_weight: f64,
+    /// The first position's acceptance prior (`Core::first_prior`; later positions': the
+    /// guess).
+    pub first_prior: AcceptPrior,
     /// Adaptive mode: draft at least this many (the informed policy's explorer, 1; else 0).
     pub min_k: usize,
 }
@@ -56,7 +56,7 @@ pub(super) fn choose_drafts(
         drafter_alpha,
         pos_alpha,
         pos_obs,
-        first_prior_weight,
+        first_prior,
         min_k,
     } = *ctx;
     // the engine's per-position profile, scaled by how this request's acceptance compares
@@ -72,12 +72,8 @@ pub(super) fn choose_drafts(
         .iter()
         .enumerate()
         .map(|(j, p)| {
-            let w = if j == 0 {
-                first_prior_weight
-            } else {
-                ACCEPT_PRIOR_WEIGHT
-            };
-            optimistic_acceptance(p * ratio, pos_obs.get(j).copied().unwrap_or(0), w)
+            let obs = pos_obs.get(j).copied().unwrap_or(0);
+            optimistic_acceptance(p * ratio, obs, pos_prior_weight(&first_prior, j))
         })
         .collect();
     let mut k = match spec {

@@ -198,7 +198,7 @@ impl Core {
             drafter_alpha: self.drafter_alpha,
             pos_alpha: &self.pos_alpha,
             pos_obs: &self.pos_obs,
-            first_prior_weight: self.first_prior.weight,
+            first_prior: self.first_prior,
             min_k: usize::from(st.explore && st.explorer == Some(i)),
         };
         let d = choose_drafts(&ctx, r, catch_up);

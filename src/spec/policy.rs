@@ -301,6 +301,16 @@ impl AcceptPrior {
     }
 }
 
+/// The prior weight of draft position `j`'s acceptance estimate: the drafter's first-position
+/// prior `first` for position 0, the guess's for the chained positions after it.
+pub fn pos_prior_weight(first: &AcceptPrior, j: usize) -> f64 {
+    if j == 0 {
+        first.weight
+    } else {
+        AcceptPrior::GENERIC.weight
+    }
+}
+
 /// The `seen`-th acceptance observation `x` (0 or 1 for one draft position, or a fraction; the
 /// caller counts, from 1) into the estimate `est`: the mean of the prior (weight `prior_weight`,
 /// [`ACCEPT_PRIOR_WEIGHT`] for a guess) and the observations while they are few, then an
