@@ -11,7 +11,8 @@
 //! with the same attention paths, so its output is unchanged), never failed.
 
 use crate::spec::policy::{
-    explore_due, ramp_cap, starts_from_far, CatchUpBudget, Start, ACCEPT_PRIOR_WEIGHT,
+    explore_due, ramp_cap, sharing_fixed_point, starts_from_far, CatchUpBudget, Start,
+    ACCEPT_PRIOR_WEIGHT,
 };
 use crate::spec::{SpecMode, StepKind};
 
@@ -185,13 +186,14 @@ impl Core {
             draft: &self.draft_cost,
             n_decode: st.n_decode,
             // a request that starts drafting after a long lag (a prompt, many plain steps) is
-            // priced for its steady drafting to come, when it shares the forward with the whole
-            // batch (the catch-up is priced apart); one a few positions behind is priced as a
-            // steady one. Traced on the widened target (MTP, batch 16): a request two plain
-            // steps behind counted as starting, so it drafted, alone, in every third step
-            // (+6 ms over a 31 ms plain step for ~0.8 more tokens).
+            // priced for its steady drafting to come, when it shares the forward with every
+            // request that would then draft (`StepDrafts::sharing_far`; the catch-up is priced
+            // apart); one a few positions behind is priced as a steady one. Traced on the
+            // widened target (MTP, batch 16): a request two plain steps behind counted as
+            // starting, so it drafted, alone, in every third step (+6 ms over a 31 ms plain
+            // step for ~0.8 more tokens).
             sharing: if catching_up && starts_from_far(lag) {
-                st.n_decode
+                st.sharing_far
             } else {
                 st.sharing
             },
@@ -217,6 +219,17 @@ impl Core {
             st.catch_ups.charge(start);
         }
         d
+    }
+
+    /// How many decode requests would draft under the drafting state `dry` (decided in
+    /// admission order, as the step itself does).
+    fn dry_run(&self, dry: &mut StepDrafts) -> usize {
+        for i in 0..self.running.len() {
+            if self.running[i].pending() == 1 {
+                self.decide_drafts(i, dry);
+            }
+        }
+        dry.n_drafting
     }
 
     /// Plan the step: which requests run and with how many tokens, reserving target KV.
@@ -300,6 +313,7 @@ impl Core {
             kind,
             n_decode,
             sharing: n_decode,
+            sharing_far: n_decode,
             explorers,
             explore,
             explorer,
@@ -311,20 +325,31 @@ impl Core {
         // priced over as many as will draft: decided over every decode request first, then
         // again over the number that chose to draft, until that number holds (it only falls,
         // so this ends; `policy::choose_k_rates`).
+        // A starter (`policy::starts_from_far`) is priced for the steady drafting to come: over
+        // the requests that would draft once nothing limits who may start — no ramp, no
+        // explorer, no catch-up allowance, which only pace the starts — found the same way.
+        // Priced over the whole batch instead, a lone starter among 15 idle requests (MTP,
+        // batch 16, on the widened target: its MTP layer falls a position behind per plain
+        // step and counts as starting at 16 behind) drafted alone every 16 steps, +7-9 ms over
+        // a plain step each time, on a saving only a shared forward would have given.
         if adaptive && kind == StepKind::Free && self.proposer.is_some() {
-            loop {
-                let mut dry = st.clone();
-                for i in 0..self.running.len() {
-                    if self.running[i].pending() == 1 {
-                        self.decide_drafts(i, &mut dry);
-                    }
-                }
-                let m = dry.n_drafting.clamp(1, n_decode);
-                if m >= st.sharing {
-                    break;
-                }
-                st.sharing = m;
-            }
+            st.sharing_far = sharing_fixed_point(n_decode, |sharing| {
+                let mut dry = StepDrafts {
+                    sharing,
+                    sharing_far: sharing,
+                    explorers: usize::MAX,
+                    explore: false,
+                    catch_ups: CatchUpBudget::unlimited(),
+                    ..st.clone()
+                };
+                self.dry_run(&mut dry)
+            });
+            st.sharing = sharing_fixed_point(n_decode, |sharing| {
+                self.dry_run(&mut StepDrafts {
+                    sharing,
+                    ..st.clone()
+                })
+            });
         }
         let mut i = 0;
         while i < self.running.len() {
@@ -457,6 +482,9 @@ struct StepDrafts {
     n_decode: usize,
     /// Requests over which a draft forward's fixed cost is priced.
     sharing: usize,
+    /// The same for a request that starts drafting from far behind: the requests that would
+    /// draft with no limit on starts.
+    sharing_far: usize,
     /// Requests that may still draft this step (the informed policy's ramp; the uninformed
     /// one's single explorer).
     explorers: usize,

@@ -473,6 +473,24 @@ pub fn starts_from_far(lag: usize) -> bool {
     lag >= MIN_TIMED_CATCH_UP_ROWS
 }
 
+/// Over how many requests a draft forward's fixed cost is priced: the fixed point of
+/// `drafting(sharing)`, the number of requests that choose to draft when each is priced as
+/// sharing the forward with `sharing` requests. Starts from the whole decode batch (`n_decode`)
+/// and lowers the count to the number that chose to draft until it holds; a lower count only
+/// makes drafting dearer, so the count falls monotonically and this ends (at most `n_decode`
+/// rounds). Never below 1.
+pub fn sharing_fixed_point(n_decode: usize, mut drafting: impl FnMut(usize) -> usize) -> usize {
+    let n = n_decode.max(1);
+    let mut sharing = n;
+    loop {
+        let m = drafting(sharing).clamp(1, n);
+        if m >= sharing {
+            return sharing;
+        }
+        sharing = m;
+    }
+}
+
 /// Whether a request whose drafter must first catch up on `lag` positions (its whole context
 /// when it never drafted) should start drafting: the catch-up, `secs_per_row` each, must be
 /// paid back by the predicted saving per committed token (`saved`, from [`choose_k_rates`])
@@ -522,6 +540,15 @@ impl CatchUpBudget {
             left: plain_step_secs.max(0.0),
             priced: 0,
             blind_left: 1,
+        }
+    }
+
+    /// No limit: every start admitted (what would draft if starts were not paced).
+    pub fn unlimited() -> Self {
+        CatchUpBudget {
+            left: f64::INFINITY,
+            priced: 0,
+            blind_left: usize::MAX,
         }
     }
 
@@ -629,6 +656,27 @@ mod tests {
         assert!(b.admits(Start::Priced(0.050)));
         b.charge(Start::Priced(0.050));
         assert!(!b.admits(Start::Priced(0.0001)));
+    }
+
+    /// The shared count falls to the requests that draft when priced over it: one starter
+    /// among 15 requests that never draft, drafting only if the forward is shared by at least
+    /// two, settles at 1 (it then prices itself out); ten requests that draft when shared by
+    /// at least five settle at 10; nobody drafting gives 1.
+    #[test]
+    fn sharing_settles_on_the_requests_that_would_draft() {
+        let lone = |s: usize| usize::from(s >= 2);
+        assert_eq!(sharing_fixed_point(16, lone), 1);
+        let ten = |s: usize| if s >= 5 { 10 } else { 0 };
+        assert_eq!(sharing_fixed_point(16, ten), 10);
+        assert_eq!(sharing_fixed_point(16, |_| 0), 1);
+        assert_eq!(sharing_fixed_point(0, |_| 3), 1);
+        // a chain: 16 -> 12 -> 9 -> 9
+        let chain = |s: usize| match s {
+            16 => 12,
+            12 | 9 => 9,
+            _ => 0,
+        };
+        assert_eq!(sharing_fixed_point(16, chain), 9);
     }
 
     fn model(base: f64, per: f64) -> LinearCost {
