@@ -467,8 +467,9 @@ pub fn catch_up_row_price(rows: usize, extra: f64, draft: f64) -> Option<f64> {
 
 /// Whether a request whose drafter lags `lag` positions starts drafting from far behind (a
 /// prompt, many plain steps) rather than resuming a few positions behind: the adaptive policy
-/// prices a starter for the steady drafting to come, shared with the whole batch, and a
-/// resuming one like a steady one (`engine::schedule`).
+/// prices a starter for the steady drafting to come, shared with the requests that would then
+/// draft ([`sharing_fixed_point`] with nothing pacing the starts), and a resuming one like a
+/// steady one (`engine::schedule`).
 pub fn starts_from_far(lag: usize) -> bool {
     lag >= MIN_TIMED_CATCH_UP_ROWS
 }
@@ -656,6 +657,13 @@ mod tests {
         assert!(b.admits(Start::Priced(0.050)));
         b.charge(Start::Priced(0.050));
         assert!(!b.admits(Start::Priced(0.0001)));
+        // unpaced (the starters' dry run): every start admitted, however many
+        let mut b = CatchUpBudget::unlimited();
+        for _ in 0..64 {
+            assert!(b.admits(Start::Blind) && b.admits(Start::Priced(1.0)));
+            b.charge(Start::Blind);
+            b.charge(Start::Priced(1.0));
+        }
     }
 
     /// The shared count falls to the requests that draft when priced over it: one starter
