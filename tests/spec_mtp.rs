@@ -671,34 +671,39 @@ fn adaptive_mode_explores_with_one_request_at_a_time() {
 }
 
 /// Steps that also prefill are not timed for the adaptive policy's cost model, so while requests
-/// keep arriving (one per step: every step prefills) the uninformed policy explores only until
-/// the drafter's acceptance has as many verifications as its prior's weight, not in every other
-/// step as before (an MTP forward each, for a fraction of a token, at batch 16). The outputs stay
-/// those of plain decoding.
+/// keep arriving (one per step: every step prefills) the uninformed policy explores there only
+/// to learn the drafter's acceptance: a draft model with no recorded acceptance until it has as
+/// many verifications as the guess's weight (not in every other step as before: an MTP forward
+/// each, for a fraction of a token, at batch 16), and the MTP layer, whose acceptance
+/// `mtp_stats.json` records, not at all. The outputs stay those of plain decoding.
 #[test]
 fn adaptive_mode_stops_exploring_arrival_steps_once_acceptance_is_learned() {
     let (reqs, plain) = unbudgeted(14);
-    let mut s = Stepped::new(
-        Engine::new(
-            &target(),
-            DraftSource::Mtp,
-            cfg(SpecMode::Adaptive { k_max: 2 }),
-        )
-        .unwrap(),
-    );
-    for (r, p) in reqs.iter().zip(&plain) {
-        s.submit(r, p);
-        s.step();
-    }
-    let explored = s.draft_steps();
-    assert!(explored >= 1, "the policy never explored");
+    let arrivals = |source: DraftSource| {
+        let mut s = Stepped::new(
+            Engine::new(&target(), source, cfg(SpecMode::Adaptive { k_max: 2 })).unwrap(),
+        );
+        for (r, p) in reqs.iter().zip(&plain) {
+            s.submit(r, p);
+            s.step();
+        }
+        let explored = s.draft_steps();
+        let got = s.finish();
+        assert_same("adaptive, arrivals", &plain, &got, &reqs);
+        explored
+    };
+    let model = arrivals(DraftSource::Dir(repo().join("models/draft")));
+    assert!(model >= 1, "the policy never explored the draft model");
     assert!(
-        explored as f64 <= specmla::spec::policy::ACCEPT_PRIOR_WEIGHT,
-        "{explored} exploring steps in {} arrival steps",
+        model as f64 <= specmla::spec::policy::ACCEPT_PRIOR_WEIGHT,
+        "{model} exploring steps in {} arrival steps",
         reqs.len()
     );
-    let got = s.finish();
-    assert_same("adaptive mtp, arrivals", &plain, &got, &reqs);
+    assert_eq!(
+        arrivals(DraftSource::Mtp),
+        0,
+        "the MTP layer's acceptance is recorded: no exploring in untimed steps"
+    );
 }
 
 /// A burst of new prompts does not stall a step: the MTP layer's catch-up over the prompts is

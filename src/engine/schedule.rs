@@ -266,14 +266,23 @@ impl Core {
         // costs a few tokens, and a drafter that pays reaches the whole batch within four steps.
         // A step that also prefills (a request arriving, or a prompt chunk) is not timed for
         // the cost model, so uninformed exploring there only teaches acceptance: it stops once
-        // the drafter's acceptance has as many verifications as its prior's weight. Traced at
+        // the drafter's acceptance has as many verifications as the guess's weight, and does
+        // not start for a drafter whose acceptance was recorded with its weights. Traced at
         // batch 16 with a request arriving every step: the MTP drafter explored in every other
         // arrival step (an MTP forward, ~3 ms, for ~0.6 accepted tokens each), +49 ms over the
         // 16 arrival steps, 2 % of the run.
         let prefills = self.running.iter().any(|r| r.pending() > 1)
             || (!self.waiting.is_empty() && self.running.len() < self.cfg.max_running);
         let explorers = if adaptive && !self.policy_informed() {
-            let learned = prefills && self.drafter_obs as f64 >= ACCEPT_PRIOR_WEIGHT;
+            // (known from the start when recorded with the drafter's weights,
+            // `Core::first_prior`: traced on the widened target, MTP at batch 16, per step
+            // against plain in the same interleaved run, those explorations — an MTP catch-up
+            // over a whole prompt, ~16-21 ms, then 3-8 ms each — and the prefix recompute they
+            // cause at the 14th arrival (the drafter was not idle) cost 21-45 ms per run in the
+            // arrival steps, -22-7 ms without them)
+            let learned = prefills
+                && (self.drafter_obs as f64 >= ACCEPT_PRIOR_WEIGHT
+                    || self.first_prior.is_recorded());
             if learned || (self.drafted_last_step && !self.target_cost.has_slope()) {
                 0
             } else {

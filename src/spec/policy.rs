@@ -299,6 +299,12 @@ impl AcceptPrior {
             weight: RECORDED_PRIOR_WEIGHT,
         }
     }
+
+    /// Whether this prior is a recorded acceptance rather than the guess (the adaptive policy
+    /// then skips exploring for acceptance in steps it cannot time, `engine::schedule`).
+    pub fn is_recorded(&self) -> bool {
+        self.weight > Self::GENERIC.weight
+    }
 }
 
 /// The prior weight of draft position `j`'s acceptance estimate: the drafter's first-position
@@ -859,6 +865,7 @@ mod tests {
         let tight = optimistic_acceptance(0.6, 2, RECORDED_PRIOR_WEIGHT) - 0.6;
         assert!(tight < wide && tight > 0.0);
         assert_eq!(AcceptPrior::recorded(1.5).alpha, 0.95);
+        assert!(AcceptPrior::recorded(0.3).is_recorded() && !AcceptPrior::GENERIC.is_recorded());
     }
 
     #[test]
