@@ -28,9 +28,6 @@ use super::request::{Event, FaultSite, FinishReason, ReqState};
 use super::schedule::Planned;
 use super::EngineConfig;
 
-/// The adaptive policy's acceptance prior for a drafter nothing has been measured of.
-pub(crate) const DRAFTER_ALPHA_PRIOR: f64 = AcceptPrior::GENERIC.alpha;
-
 pub(crate) struct Core {
     /// The target's CUDA backend (`EngineConfig::device`); None: the CPU kernels.
     pub cuda: Option<Arc<crate::cuda::CudaBackend>>,

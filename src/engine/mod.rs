@@ -30,6 +30,7 @@ use crate::kernels::{pin_thread, Isa, IsaLevel};
 use crate::kv::{KvCache, KvConfig};
 use crate::model::Model;
 use crate::sampling::{Rng, StopMatcher};
+use crate::spec::policy::AcceptPrior;
 use crate::spec::{BudgetConfig, BudgetState, Counters, Proposer, SpecMode};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -260,10 +261,10 @@ impl Engine {
             target_weight_bytes: 0,
             draft_weight_bytes: 0,
             decode: Default::default(),
-            drafter_alpha: core::DRAFTER_ALPHA_PRIOR,
-            first_prior: crate::spec::policy::AcceptPrior::GENERIC,
+            drafter_alpha: AcceptPrior::GENERIC.alpha,
+            first_prior: AcceptPrior::GENERIC,
             drafter_obs: 0,
-            pos_alpha: vec![core::DRAFTER_ALPHA_PRIOR; k_max.max(1)],
+            pos_alpha: vec![AcceptPrior::GENERIC.alpha; k_max.max(1)],
             pos_obs: vec![0; k_max.max(1)],
             guard: Default::default(),
             admitted: 0,
@@ -396,7 +397,7 @@ impl Engine {
             params: req.sampling,
             speculate: req.speculate,
             want_logprobs: req.logprobs,
-            alpha: core::DRAFTER_ALPHA_PRIOR,
+            alpha: AcceptPrior::GENERIC.alpha,
             alpha_obs: 0,
             drafted_at: None,
             prefix_registered: false,

@@ -142,7 +142,7 @@ pub(crate) struct ReqState {
     pub speculate: bool,
     pub want_logprobs: bool,
     /// Running acceptance estimate (per draft token) for the adaptive policy; starts at the
-    /// drafter prior (`core::DRAFTER_ALPHA_PRIOR`).
+    /// generic prior (`policy::AcceptPrior::GENERIC`).
     pub alpha: f64,
     /// Verifications that updated `alpha` (until a few, the drafter's engine-wide estimate is
     /// used instead: a new request starts from what the drafter has shown, not a fixed prior).
