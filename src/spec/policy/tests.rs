@@ -1,0 +1,449 @@
+//! Unit tests of the adaptive policy's pure functions.
+
+use super::*;
+
+/// One blind start per step; the first priced start whatever its cost, later ones only
+/// within what is left of one plain step; steady drafting is never limited.
+#[test]
+fn catch_up_budget_bounds_each_step() {
+    // (binary fractions of a second, so the sums are exact)
+    let mut b = CatchUpBudget::new(0.5);
+    assert!(b.admits(Start::Steady));
+    // the first priced start is admitted even above the allowance
+    assert!(b.admits(Start::Priced(2.0)));
+    b.charge(Start::Priced(0.25));
+    assert!(b.admits(Start::Priced(0.25)), "0.25 s of 0.25 s left");
+    assert!(!b.admits(Start::Priced(0.375)), "0.375 s of 0.25 s left");
+    b.charge(Start::Priced(0.25));
+    assert!(!b.admits(Start::Priced(0.125)), "nothing left");
+    // blind starts are counted apart from priced ones
+    assert!(b.admits(Start::Blind));
+    b.charge(Start::Blind);
+    assert!(!b.admits(Start::Blind), "one blind start per step");
+    b.charge(Start::Steady);
+    assert!(b.admits(Start::Steady));
+    // a fresh step starts over; an unknown plain step still admits one priced start
+    let mut b = CatchUpBudget::new(0.0);
+    assert!(b.admits(Start::Priced(0.050)));
+    b.charge(Start::Priced(0.050));
+    assert!(!b.admits(Start::Priced(0.0001)));
+    // unpaced (the starters' dry run): every start admitted, however many
+    let mut b = CatchUpBudget::unlimited();
+    for _ in 0..64 {
+        assert!(b.admits(Start::Blind) && b.admits(Start::Priced(1.0)));
+        b.charge(Start::Blind);
+        b.charge(Start::Priced(1.0));
+    }
+}
+
+/// The shared count falls to the requests that draft when priced over it: one starter
+/// among 15 requests that never draft, drafting only if the forward is shared by at least
+/// two, settles at 1 (it then prices itself out); ten requests that draft when shared by
+/// at least five settle at 10; nobody drafting gives 1.
+#[test]
+fn sharing_settles_on_the_requests_that_would_draft() {
+    let lone = |s: usize| usize::from(s >= 2);
+    assert_eq!(sharing_fixed_point(16, lone), 1);
+    let ten = |s: usize| if s >= 5 { 10 } else { 0 };
+    assert_eq!(sharing_fixed_point(16, ten), 10);
+    assert_eq!(sharing_fixed_point(16, |_| 0), 1);
+    assert_eq!(sharing_fixed_point(0, |_| 3), 1);
+    // a chain: 16 -> 12 -> 9 -> 9
+    let chain = |s: usize| match s {
+        16 => 12,
+        12 | 9 => 9,
+        _ => 0,
+    };
+    assert_eq!(sharing_fixed_point(16, chain), 9);
+}
+
+fn model(base: f64, per: f64) -> LinearCost {
+    let mut c = LinearCost::default();
+    for n in [1, 2, 4, 8, 16, 32] {
+        c.observe(n, base + per * n as f64);
+    }
+    c
+}
+
+/// Plain steps price a request's share per batch class; drafting steps price a drafted
+/// token beyond the plain line, per class: a small batch whose drafts are dear is not
+/// priced by a large one's cheap requests.
+#[test]
+fn target_cost_prices_requests_and_drafts_per_class() {
+    let mut t = TargetCost::default();
+    assert_eq!(t.price(16), None);
+    // batches 9-16: 10 ms + 0.5 ms per request without drafts, + 1 ms per drafted token
+    for b in [16, 13, 10, 9, 16, 12] {
+        t.observe(b, b, 0.010 + 0.0005 * b as f64);
+    }
+    t.observe(9, 9 + 7, 0.010 + 0.0005 * 9.0 + 0.007);
+    let p = t.price(16).unwrap();
+    let share16 = 0.010 / 16.0 + 0.0005;
+    assert!((p.share - share16).abs() < 1e-9, "{p:?}");
+    // seven drafts of 1 ms against the prior (DRAFT_PRIOR_WEIGHT drafts at its price)
+    let w = DRAFT_PRIOR_WEIGHT;
+    let want = (0.007 * 7.0 + w * DRAFT_PRIOR_SHARE * share16) / (49.0 + w);
+    assert!((p.per_draft - want).abs() < 1e-12, "{p:?}");
+    assert!((p.per_draft - 0.001).abs() < 1e-4, "{p:?}");
+    assert!(t.has_slope());
+    // batch 1: its own plain steps; its drafts priced by its prior (a quarter of its step),
+    // not by batch 16's cheap ones, until it drafts itself
+    t.observe(1, 1, 0.0065);
+    t.observe(1, 1, 0.0065);
+    let p1 = t.price(1).unwrap();
+    assert!((p1.share - 0.0065).abs() < 1e-9, "{p1:?}");
+    assert!(
+        (p1.per_draft - DRAFT_PRIOR_SHARE * 0.0065).abs() < 1e-9,
+        "{p1:?}"
+    );
+    // three 2-token verifications at batch 1 cost 2 ms more each: drawn from the prior
+    // towards its own price
+    for _ in 0..3 {
+        t.observe(1, 2, 0.0085);
+    }
+    let p1 = t.price(1).unwrap();
+    assert!((p1.per_draft - 0.002).abs() < 0.0004, "{p1:?}");
+    // so one draft at 25 % acceptance pays at neither batch (break-even ~28 % at batch 1),
+    // at 95 % at both, at 40 % at batch 1 only (break-even ~84 % at batch 16)
+    let free = LinearCost::default();
+    let p16 = t.price(16);
+    for (a, at1, at16) in [(0.25, 0, 0), (0.4, 1, 0), (0.95, 1, 1)] {
+        assert_eq!(
+            choose_k_rates(&[a], 1, 1, Some(p1), &free).0,
+            at1,
+            "{a} at 1"
+        );
+        assert_eq!(choose_k_rates(&[a], 1, 16, p16, &free).0, at16, "{a} at 16");
+    }
+}
+
+/// A drafting step's time beyond the plain line counts for at most a request's share per
+/// drafted token: one noisy small drafting step at batch 16 cannot price drafting out.
+#[test]
+fn draft_price_counts_at_most_a_share_per_draft() {
+    let mut t = TargetCost::default();
+    // batch 16: 32 ms plain steps (a 2 ms share)
+    for _ in 0..3 {
+        t.observe(16, 16, 0.032);
+    }
+    // three drafts timed 30 ms beyond the plain line: counted as 3 x 2 ms
+    t.observe(16, 19, 0.062);
+    let share = 0.002;
+    let w = DRAFT_PRIOR_WEIGHT;
+    let want = (3.0 * DRAFT_MAX_SHARE * 3.0 * share + w * DRAFT_PRIOR_SHARE * share) / (9.0 + w);
+    let p = t.price(16).unwrap();
+    assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+    assert!(p.per_draft <= share, "{p:?}");
+    // below the cap a step counts as measured
+    t.observe(16, 32, 0.032 + 16.0 * 0.0012);
+    let p = t.price(16).unwrap();
+    let d = LinearCost::DECAY;
+    let sxy = (3.0 * 0.006) * d + 16.0 * 16.0 * 0.0012;
+    let sxx = 9.0 * d + 256.0;
+    let want = (sxy + w * DRAFT_PRIOR_SHARE * share) / (sxx + w);
+    assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+}
+
+/// A draft forward's fixed cost is shared by the requests drafting in it: an MTP-like
+/// drafter (3 ms per forward whatever its batch) pays at batch 16 when all sixteen requests
+/// draft, not when one drafts alone.
+#[test]
+fn draft_forward_cost_is_shared_by_the_drafting_requests() {
+    let price = Some(StepPrice {
+        share: 0.002,
+        per_draft: 0.0008,
+    });
+    let mut mtp = LinearCost::default();
+    for n in [1, 1, 1] {
+        mtp.observe(n, 0.003);
+    }
+    assert_eq!(choose_k_rates(&[0.75], 1, 16, price, &mtp).0, 1);
+    assert_eq!(choose_k_rates(&[0.75], 1, 1, price, &mtp).0, 0);
+}
+
+#[test]
+fn ramp_and_explorer_schedule() {
+    assert_eq!(ramp_cap(0), 1);
+    assert_eq!(ramp_cap(1), 2);
+    assert_eq!(ramp_cap(RAMP_OBS - 1), RAMP_OBS as usize);
+    assert_eq!(ramp_cap(RAMP_OBS), usize::MAX);
+    // the explorer waits period x batch idle steps
+    assert!(!explore_due(15, EXPLORE_EVERY, 1));
+    assert!(explore_due(16, EXPLORE_EVERY, 1));
+    assert!(!explore_due(16, EXPLORE_EVERY, 4));
+    assert!(explore_due(64, EXPLORE_EVERY, 4));
+    // doubling while only the explorer drafts, back to the start when the policy drafts
+    let mut p = EXPLORE_EVERY;
+    for want in [32, 64, 128, 128] {
+        p = next_explore_period(p, true);
+        assert_eq!(p, want);
+    }
+    assert_eq!(next_explore_period(p, false), EXPLORE_EVERY);
+}
+
+/// The prior counts as four observations; later ones enter with weight 1 / 24.
+#[test]
+fn acceptance_learns_fast_then_averages() {
+    let (mut a, mut n) = (0.7, 0);
+    for _ in 0..4 {
+        n += 1;
+        learn_acceptance(&mut a, n, 0.2, ACCEPT_PRIOR_WEIGHT);
+    }
+    assert!(
+        (a - 0.45).abs() < 1e-12,
+        "mean of prior x4 and four 0.2s: {a}"
+    );
+    for _ in 0..300 {
+        n += 1;
+        learn_acceptance(&mut a, n, 0.2, ACCEPT_PRIOR_WEIGHT);
+    }
+    // past the memory every observation weighs as the ACCEPT_MEMORY-th did
+    let (mut far, mut at_memory) = (a, a);
+    learn_acceptance(&mut far, n + 1, 1.0, ACCEPT_PRIOR_WEIGHT);
+    learn_acceptance(&mut at_memory, ACCEPT_MEMORY, 1.0, ACCEPT_PRIOR_WEIGHT);
+    assert_eq!(far, at_memory);
+    assert!((a - 0.2).abs() < 1e-3);
+    learn_acceptance(&mut a, n + 1, 1.0, ACCEPT_PRIOR_WEIGHT);
+    assert!((a - (0.2 + 0.8 / 24.0)).abs() < 1e-3);
+}
+
+/// The decision acceptance sits half a standard error above the estimate and closes in on
+/// it as observations grow; it never reaches 1 and is exact at 0.
+/// A recorded prior weighs three guesses: two early rejections move it far less.
+#[test]
+fn a_recorded_prior_survives_an_unlucky_start() {
+    let after_two = |prior: AcceptPrior| {
+        let mut a = prior.alpha;
+        for n in 1..=2 {
+            learn_acceptance(&mut a, n, 0.0, prior.weight);
+        }
+        a
+    };
+    let guess = after_two(AcceptPrior::GENERIC);
+    let rec = after_two(AcceptPrior::recorded(0.78));
+    assert!((guess - 0.7 * 4.0 / 6.0).abs() < 1e-12, "{guess}");
+    assert!((rec - 0.78 * 12.0 / 14.0).abs() < 1e-12, "{rec}");
+    // and its bound stays tighter at the same evidence
+    let wide = optimistic_acceptance(0.6, 2, ACCEPT_PRIOR_WEIGHT) - 0.6;
+    let tight = optimistic_acceptance(0.6, 2, RECORDED_PRIOR_WEIGHT) - 0.6;
+    assert!(tight < wide && tight > 0.0);
+    assert_eq!(AcceptPrior::recorded(1.5).alpha, 0.95);
+    assert!(AcceptPrior::recorded(0.3).is_recorded() && !AcceptPrior::GENERIC.is_recorded());
+}
+
+#[test]
+fn optimism_shrinks_with_evidence() {
+    let after2 = optimistic_acceptance(0.47, 2, ACCEPT_PRIOR_WEIGHT);
+    let want = 0.47 + ACCEPT_OPTIMISM * (0.47f64 * 0.53 / 6.0).sqrt();
+    assert!((after2 - want).abs() < 1e-12, "{after2}");
+    let mut last = after2;
+    for obs in [10, 100, 1000, 100_000] {
+        let u = optimistic_acceptance(0.47, obs, ACCEPT_PRIOR_WEIGHT);
+        assert!(u < last && u > 0.47, "{obs}: {u}");
+        last = u;
+    }
+    assert!(last - 0.47 < 2e-3);
+    assert_eq!(optimistic_acceptance(0.0, 0, ACCEPT_PRIOR_WEIGHT), 0.0);
+    assert!(optimistic_acceptance(0.999, 0, ACCEPT_PRIOR_WEIGHT) <= 0.999);
+    // two rejections of a 68 % drafter (estimate 0.47) still draft at batch 4, where one
+    // draft breaks even at ~0.44 with the class's prior price
+    let share = 0.0025;
+    let price = StepPrice {
+        share,
+        per_draft: (0.0025 + DRAFT_PRIOR_WEIGHT * DRAFT_PRIOR_SHARE * share)
+            / (1.0 + DRAFT_PRIOR_WEIGHT),
+    };
+    let free = LinearCost::default();
+    assert_eq!(choose_k_rates(&[after2], 1, 4, Some(price), &free).0, 1);
+    // a 12 % drafter after 20 observations does not
+    let low = optimistic_acceptance(0.12, 20, ACCEPT_PRIOR_WEIGHT);
+    assert_eq!(choose_k_rates(&[low], 1, 4, Some(price), &free).0, 0);
+}
+
+#[test]
+fn fit_recovers_a_line() {
+    let (b, s) = model(0.01, 0.001).fit().unwrap();
+    assert!((b - 0.01).abs() < 1e-9 && (s - 0.001).abs() < 1e-9);
+}
+
+#[test]
+fn speculates_when_it_pays_and_not_otherwise() {
+    let target = model(0.010, 0.0002); // memory-bound: big fixed cost
+    let cheap_draft = model(0.001, 0.0001);
+    assert!(choose_k(0.9, 8, 1, &target, &cheap_draft) >= 3);
+    assert_eq!(
+        choose_k(0.0, 8, 1, &target, &cheap_draft),
+        0,
+        "zero acceptance never pays"
+    );
+    let compute_bound = model(0.0001, 0.001);
+    assert_eq!(
+        choose_k(0.6, 8, 64, &compute_bound, &cheap_draft),
+        0,
+        "large batch, compute bound"
+    );
+    // an untimed (model-free) drafter is free, but low acceptance still does not pay
+    let untimed = LinearCost::default();
+    assert_eq!(choose_k(0.05, 8, 1, &compute_bound, &untimed), 0);
+    assert!(choose_k(0.95, 8, 1, &target, &untimed) >= 3);
+}
+
+/// An MTP-like drafter: high acceptance at position 1, little after (chained on itself), and
+/// a draft step a quarter of a target step: one draft pays, more do not — while one
+/// per-token rate with the same mean acceptance would draft several.
+#[test]
+fn position_decay_limits_k() {
+    let target = model(0.020, 0.0012);
+    let mtp = model(0.0045, 0.0001);
+    let c = [0.75, 0.28, 0.09, 0.03, 0.02, 0.0, 0.0, 0.0];
+    assert_eq!(choose_k_at(&c, 8, 1, &target, &mtp), 1);
+    assert!(
+        choose_k(0.62, 8, 1, &target, &mtp) > 1,
+        "the flat rate overdrafts"
+    );
+    // a flat profile is the geometric formula
+    for k in 0..6 {
+        assert!((expected_tokens_at(&[0.8], k) - expected_tokens(0.8, k)).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn one_token_count_has_no_slope() {
+    let mut c = LinearCost::default();
+    assert!(!c.has_slope());
+    c.observe(20, 0.045);
+    c.observe(20, 0.047);
+    assert!(!c.has_slope());
+    assert_eq!(c.fit().unwrap().1, 0.0);
+    c.observe(16, 0.033);
+    assert!(c.has_slope());
+    assert!(c.fit().unwrap().1 > 0.0);
+}
+
+#[test]
+fn a_negative_intercept_refits_through_the_origin() {
+    // many steps of 16 tokens at 45 ms and one of 17 at 90 ms: the free line has a large
+    // negative base; constrained to base 0 it must still predict ~45 ms at 16 tokens
+    let mut c = LinearCost::default();
+    for _ in 0..10 {
+        c.observe(16, 0.045);
+    }
+    c.observe(17, 0.090);
+    let (b, s) = c.fit().unwrap();
+    assert_eq!(b, 0.0);
+    let p16 = s * 16.0;
+    assert!((p16 - 0.048).abs() < 0.005, "predicts {p16} s at 16 tokens");
+}
+
+#[test]
+fn catch_up_is_amortised() {
+    let target = model(0.010, 0.0002);
+    let draft = model(0.001, 0.0001);
+    let price = StepPrice::of_line(&target, 1);
+    let (k, saved) = choose_k_rates(&[0.9], 8, 1, price, &draft);
+    let saved = saved.unwrap();
+    assert!(k >= 3 && saved > 0.0);
+    // a short context pays back quickly; a long one does not in 50 tokens (a quarter of
+    // the 200 left), but does later
+    let fresh = Lengths::default();
+    assert!(catch_up_pays(50, 1e-4, saved, fresh.horizon(0, 200)));
+    assert!(!catch_up_pays(
+        1_000_000,
+        1e-4,
+        saved,
+        fresh.horizon(0, 200)
+    ));
+    assert!(!catch_up_pays(20_000, 1e-4, saved, fresh.horizon(10, 200)));
+    assert!(catch_up_pays(
+        20_000,
+        1e-4,
+        saved,
+        fresh.horizon(10_000, 200_000)
+    ));
+    // nothing saved (k = 0 is best): never worth a catch-up
+    let (k0, s0) = choose_k_rates(&[0.0], 8, 1, price, &draft);
+    assert_eq!((k0, s0), (0, Some(0.0)));
+    assert!(!catch_up_pays(10, 1e-4, 0.0, 100));
+}
+
+/// A k > 0 predicted a few percent faster than plain decoding is not taken; one clear of
+/// the hurdle is.
+#[test]
+fn drafting_must_clear_the_hurdle() {
+    let price = Some(StepPrice {
+        share: 1.0,
+        per_draft: 0.5,
+    });
+    let free = LinearCost::default();
+    // one draft at acceptance a: rate (1 + a) / 1.5 against 1 for plain
+    let gain = |a: f64| (1.0 + a) / 1.5 - 1.0;
+    let marginal = 0.53;
+    assert!(gain(marginal) > 0.0 && gain(marginal) < PAY_HURDLE);
+    assert_eq!(
+        choose_k_rates(&[marginal], 1, 1, price, &free),
+        (0, Some(0.0))
+    );
+    let clear = 0.59;
+    assert!(gain(clear) > PAY_HURDLE);
+    let (k, saved) = choose_k_rates(&[clear], 1, 1, price, &free);
+    assert_eq!(k, 1);
+    // saved = 1 / plain rate - 1 / drafting rate, seconds per committed token
+    assert!((saved.unwrap() - (1.0 - 1.5 / 1.59)).abs() < 1e-12);
+}
+
+/// A catch-up must be repaid CATCH_UP_MARGIN times over the horizon.
+#[test]
+fn short_catch_ups_set_no_row_price() {
+    // 4 positions behind, +5 ms over plain: the drafter's fixed cost, not a price per row
+    assert_eq!(catch_up_row_price(4, 5e-3, 3e-3), None);
+    assert!(!starts_from_far(4));
+    // a prompt's catch-up: the larger of the step's excess and the drafter's time
+    let p = catch_up_row_price(48, 12e-3, 15e-3).unwrap();
+    assert!((p - 15e-3 / 48.0).abs() < 1e-15);
+    assert_eq!(catch_up_row_price(16, 8e-3, 0.0), Some(0.5e-3));
+    assert!(starts_from_far(16) && starts_from_far(200));
+}
+
+#[test]
+fn catch_up_needs_its_margin() {
+    // 100 positions at 0.1 ms: 10 ms; 0.1 ms saved per committed token
+    let (lag, per_row, saved) = (100, 1e-4, 1e-4);
+    let cost = lag as f64 * per_row;
+    let repaid = |h: usize| saved * h as f64 / cost;
+    assert!(repaid(150) > 1.0 && repaid(150) < CATCH_UP_MARGIN);
+    assert!(!catch_up_pays(lag, per_row, saved, 150));
+    assert!(repaid(210) > CATCH_UP_MARGIN);
+    assert!(catch_up_pays(lag, per_row, saved, 210));
+}
+
+#[test]
+fn horizon_follows_finished_lengths() {
+    let mut l = Lengths::default();
+    // no history: as many as generated so far, at least a quarter of what may still come
+    // and at least 32, capped by max_tokens
+    assert_eq!(l.horizon(0, 256), 64);
+    assert_eq!(l.horizon(0, 100), 32);
+    assert_eq!(l.horizon(0, 4000), 1000);
+    assert_eq!(l.horizon(100, 256), 100);
+    assert_eq!(l.horizon(100, 40), 40);
+    for n in [40, 50, 60, 70, 80, 90, 100, 110] {
+        l.record(n);
+    }
+    // the median remaining length of those that got past it
+    assert_eq!(l.horizon(0, 256), 80); // 40..110: remaining of the 5th of 8 sorted
+    assert_eq!(l.horizon(65, 256), 25); // 70..110 -> 5, 15, 25, 35, 45: median 25
+                                        // past all but three of eight finished requests: the tail guess
+    assert_eq!(l.horizon(85, 256), Lengths::TAIL);
+    assert_eq!(l.horizon(200, 256), Lengths::TAIL);
+    // only the last 64 count
+    for _ in 0..64 {
+        l.record(1000);
+    }
+    assert_eq!(l.horizon(200, 2000), 800);
+}
+
+#[test]
+fn expected_tokens_formula() {
+    assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
+    assert!((expected_tokens(0.0, 5) - 1.0).abs() < 1e-12);
+}
