@@ -21,16 +21,17 @@ pub fn catch_up_row_price(rows: usize, extra: f64, draft: f64) -> Option<f64> {
 /// Whether a request whose drafter lags `lag` positions starts drafting from far behind (a
 /// prompt, many plain steps) rather than resuming a few positions behind: the adaptive policy
 /// prices a starter for the steady drafting to come, shared with the requests that would then
-/// draft ([`sharing_fixed_point`](super::sharing_fixed_point) with nothing pacing the starts), and a resuming one like a
-/// steady one (`engine::schedule`).
+/// draft ([`sharing_fixed_point`](super::sharing_fixed_point) with nothing pacing the starts),
+/// and a resuming one like a steady one (`engine::schedule`).
 pub fn starts_from_far(lag: usize) -> bool {
     lag >= MIN_TIMED_CATCH_UP_ROWS
 }
 
 /// Whether a request whose drafter must first catch up on `lag` positions (its whole context
 /// when it never drafted) should start drafting: the catch-up, `secs_per_row` each, must be
-/// paid back by the predicted saving per committed token (`saved`, from [`choose_k_rates`](super::choose_k_rates))
-/// over the tokens it is still expected to generate (`horizon`, from [`Lengths::horizon`]).
+/// paid back by the predicted saving per committed token (`saved`, from
+/// [`choose_k_rates`](super::choose_k_rates)) over the tokens it is still expected to generate
+/// (`horizon`, from [`Lengths::horizon`]).
 pub fn catch_up_pays(lag: usize, secs_per_row: f64, saved: f64, horizon: usize) -> bool {
     saved * horizon as f64 >= CATCH_UP_MARGIN * secs_per_row * lag as f64
 }
@@ -129,11 +130,7 @@ impl Lengths {
     /// With at least this many finished and fewer than [`Self::SURVIVORS`] longer than the
     /// request, it is in a tail the engine has rarely seen: expect [`Self::TAIL`] more tokens.
     const SEEN: usize = 8;
-    pub const TAIL: usize = 8;
-    /// With less history the guess is at least this part of what the request may still
-    /// generate (what its `max_tokens` leaves), and at least [`Self::GUESS_MIN`].
-    const GUESS_PART_OF_LEFT: usize = 4;
-    const GUESS_MIN: usize = 32;
+    pub(crate) const TAIL: usize = 8;
 
     /// A request finished naturally after generating `n` tokens.
     pub fn record(&mut self, n: usize) {
@@ -146,15 +143,10 @@ impl Lengths {
     /// Tokens a request that has generated `generated` (and may generate `left` more) is still
     /// expected to generate: the median remaining length of the recently finished requests
     /// that got past `generated` (at least 4 of them); [`Self::TAIL`] when at least 8 finished
-    /// and fewer than 4 got past it; with less history, as many as it has generated so far, at
-    /// least a quarter of `left` and at least 32. Never more than `left`.
-    ///
-    /// The quarter of `left` (the guess was 32 at first): traced on the widened target, MTP at
-    /// batch 4 (16 workload requests of ~63 generated tokens, `max_tokens` 256), the first
-    /// four requests' prompt catch-ups (~45 positions, ~16 ms each) were judged against a
-    /// saving of ~0.8 ms per token over 32 tokens, so none started, and a request that starts
-    /// later must pay the catch-up of everything it decoded plainly: the run never drafted
-    /// (adaptive ~1.0x of plain where fixed k = 1 ran 1.07-1.11x). Over 64 they start.
+    /// and fewer than 4 got past it; with less history, as many as it has generated so far
+    /// (at least 32). Never more than `left`. (A guess of a quarter of `left` was tried: on the
+    /// widened target the MTP layer's first catch-ups at batch 4 then started, but drafting
+    /// did not hold in every run and interleaved runs did not gain; `docs/BENCHMARKS.md`.)
     pub fn horizon(&self, generated: usize, left: usize) -> usize {
         let mut more: Vec<usize> = self
             .recent
@@ -168,9 +160,7 @@ impl Lengths {
         } else if self.recent.len() >= Self::SEEN {
             Self::TAIL
         } else {
-            generated
-                .max(left / Self::GUESS_PART_OF_LEFT)
-                .max(Self::GUESS_MIN)
+            generated.max(32)
         };
         h.min(left)
     }
