@@ -40,13 +40,15 @@ pub(super) struct DraftContext<'a> {
 }
 
 /// Choose k (model drafts) and the certain forced tokens for a decode request; returns
-/// (k_model, certain, saved) where saved = draft positions the budget clipped away.
+/// (k_model, certain, saved, saving) where saved = draft positions the budget clipped away and
+/// saving = the predicted seconds this request's drafts save in the step against decoding
+/// its tokens plainly (adaptive mode; 0 when it does not draft).
 /// `catch_up`: (lag, seconds per position, horizon) when the request must first catch up.
 pub(super) fn choose_drafts(
     ctx: &DraftContext<'_>,
     r: &ReqState,
     catch_up: Option<(usize, f64, usize)>,
-) -> (usize, Vec<u32>, usize) {
+) -> (usize, Vec<u32>, usize, f64) {
     let DraftContext {
         spec,
         target,
@@ -95,8 +97,14 @@ pub(super) fn choose_drafts(
     let left = r.params.max_tokens.saturating_sub(r.generated());
     k = k.min(left.saturating_sub(1));
     if k == 0 {
-        return (0, Vec::new(), 0);
+        return (0, Vec::new(), 0, 0.0);
     }
+    let saving = match spec {
+        SpecMode::Adaptive { .. } => {
+            crate::spec::policy::step_saving(&c, k, sharing, target.price(n_decode), draft)
+        }
+        SpecMode::Fixed(_) => 0.0,
+    };
     match r.budget.remaining() {
         Some(rem) if rem < k => {
             let mut certain = if rem == 0 {
@@ -105,8 +113,8 @@ pub(super) fn choose_drafts(
                 r.budget.config().end.clone()
             };
             certain.truncate(k - rem);
-            (rem, certain, k - rem)
+            (rem, certain, k - rem, saving)
         }
-        _ => (k, Vec::new(), 0),
+        _ => (k, Vec::new(), 0, saving),
     }
 }

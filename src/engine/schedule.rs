@@ -11,8 +11,8 @@
 //! with the same attention paths, so its output is unchanged), never failed.
 
 use crate::spec::policy::{
-    explore_due, ramp_cap, sharing_fixed_point, starts_from_far, CatchUpBudget, Start,
-    ACCEPT_PRIOR_WEIGHT,
+    explore_due, group_pays, ramp_cap, sharing_fixed_point, starts_from_far, CatchUpBudget, Start,
+    ACCEPT_PRIOR_WEIGHT, SHARED_BY_GROUP,
 };
 use crate::spec::{SpecMode, StepKind};
 
@@ -203,7 +203,8 @@ impl Core {
             first_prior: self.first_prior,
             min_k: usize::from(st.explore && st.explorer == Some(i)),
         };
-        let d = choose_drafts(&ctx, r, catch_up);
+        let (k, certain, saved, saving) = choose_drafts(&ctx, r, catch_up);
+        let d = (k, certain, saved);
         if st.explore && d.0 + d.1.len() > 0 {
             // one explorer per step; the step is an exploration only if the policy wanted no
             // drafts of its own
@@ -213,12 +214,38 @@ impl Core {
         }
         if d.0 + d.1.len() > 0 {
             st.n_drafting += 1;
+            st.saving += saving;
+            st.positions = st.positions.max(d.0);
             if st.explorers != usize::MAX {
                 st.explorers -= 1;
             }
             st.catch_ups.charge(start);
         }
         d
+    }
+
+    /// Whether the decode requests draft as a group this step: with the draft forward's fixed
+    /// cost taken as paid, the requests that would then draft (nothing pacing the starts: no
+    /// ramp, no explorer, no catch-up allowance) save together more than that cost
+    /// ([`group_pays`]). A drafter with no model (n-gram) has no such cost and never groups;
+    /// nor does a batch of one, whose forward is its own.
+    fn drafts_as_group(&self, st: &StepDrafts) -> bool {
+        let Some((fixed, _)) = self.draft_cost.fit() else {
+            return false;
+        };
+        if st.n_decode < 2 || !self.drafter_has_model() {
+            return false;
+        }
+        let mut dry = StepDrafts {
+            sharing: SHARED_BY_GROUP,
+            sharing_far: SHARED_BY_GROUP,
+            explorers: usize::MAX,
+            explore: false,
+            catch_ups: CatchUpBudget::unlimited(),
+            ..st.clone()
+        };
+        self.dry_run(&mut dry);
+        group_pays(dry.saving, fixed, dry.positions)
     }
 
     /// How many decode requests would draft under the drafting state `dry` (decided in
@@ -329,6 +356,8 @@ impl Core {
             catch_ups: CatchUpBudget::new(self.target_cost.plain_at(n_decode).unwrap_or(0.0)),
             forced: false,
             n_drafting: 0,
+            saving: 0.0,
+            positions: 0,
         };
         // Each draft forward's fixed cost is shared by the requests that draft in it, so it is
         // priced over as many as will draft: decided over every decode request first, then
@@ -341,7 +370,23 @@ impl Core {
         // batch 16, on the widened target: its MTP layer falls a position behind per plain
         // step and counts as starting at 16 behind) drafted alone every 16 steps, +7-9 ms over
         // a plain step each time, on a saving only a shared forward would have given.
-        if adaptive && kind == StepKind::Free && self.proposer.is_some() {
+        // First, though, the group: where the requests that would draft with the forward's
+        // fixed cost already paid save more than it costs (`drafts_as_group`), each is priced
+        // with the forward shared by all (`SHARED_BY_GROUP`) — its own drafts' verification and
+        // per-token draft cost against its own saving. Priced by equal shares instead, the MTP
+        // layer at batch 4 on the widened target never drafted as a group: a request whose own
+        // acceptance read 0.38 refused at a quarter of the 2.6 ms forward, the count fell to
+        // two, at which drafting barely paid, then to none — where four requests drafting
+        // together save ~7 ms per step against that forward (traced; adaptive ~1.0x of plain
+        // where fixed k = 1 ran 1.08x, with the group 1.07-1.09x).
+        if adaptive
+            && kind == StepKind::Free
+            && self.proposer.is_some()
+            && self.drafts_as_group(&st)
+        {
+            st.sharing = SHARED_BY_GROUP;
+            st.sharing_far = SHARED_BY_GROUP;
+        } else if adaptive && kind == StepKind::Free && self.proposer.is_some() {
             st.sharing_far = sharing_fixed_point(n_decode, |sharing| {
                 let mut dry = StepDrafts {
                     sharing,
@@ -504,4 +549,8 @@ struct StepDrafts {
     /// Whether the explorer drafted where the policy would not have.
     forced: bool,
     n_drafting: usize,
+    /// Predicted seconds the drafting requests save this step (`drafts::choose_drafts`), and
+    /// the most draft positions any of them takes (draft forwards run).
+    saving: f64,
+    positions: usize,
 }

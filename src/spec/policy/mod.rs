@@ -11,13 +11,17 @@
 //! speculation does not pay by a margin ([`PAY_HURDLE`]; large batches, where the fixed costs
 //! are shared, or low acceptance). The acceptance estimates learn fast from a prior
 //! ([`learn_acceptance`]); the engine ramps how many requests may draft on little evidence
-//! ([`ramp_cap`]) and re-explores a drafter it stopped using ([`explore_due`]).
+//! ([`ramp_cap`]) and re-explores a drafter it stopped using ([`explore_due`]). A draft
+//! forward's fixed cost (an MTP layer streams a whole MoE layer whether it drafts for one
+//! request or sixteen) is priced over the requests that draft in it ([`sharing_fixed_point`]),
+//! or taken as paid where those that would then draft save more than it together
+//! ([`group_pays`]).
 //!
 //! Files: `cost.rs` (the target's and the drafter's fitted costs), `acceptance.rs` (acceptance
 //! estimates and their priors), `explore.rs` (how many requests may draft on little evidence,
 //! and when an idle drafter is re-measured), `catch_up.rs` (what starting a request whose
-//! drafter lags costs, and the horizon that must pay it back); here: the choice of k and the
-//! count of requests sharing a draft forward.
+//! drafter lags costs, and the horizon that must pay it back); here: the choice of k, the
+//! count of requests sharing a draft forward, and the group's test.
 
 mod acceptance;
 mod catch_up;
@@ -131,6 +135,38 @@ pub fn choose_k_rates(
         1.0 / plain - 1.0 / best.1
     };
     (best.0, Some(saved))
+}
+
+/// The seconds one request's k drafts are predicted to save in a step against decoding its
+/// committed tokens plainly (its share of a plain step per token): share x E(k) - cost(k),
+/// with the draft forward's fixed cost shared by `sharing` (0 before the target is priced).
+pub fn step_saving(
+    c: &[f64],
+    k: usize,
+    sharing: usize,
+    price: Option<StepPrice>,
+    draft: &LinearCost,
+) -> f64 {
+    let Some(StepPrice { share, per_draft }) = price else {
+        return 0.0;
+    };
+    let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
+    let cost = share + k as f64 * (per_draft + db / sharing.max(1) as f64 + dt);
+    share * expected_tokens_at(c, k) - cost
+}
+
+/// The sharing count of a batch that drafts as a group ([`group_pays`]): each request is priced
+/// with the draft forward's fixed cost already paid.
+pub const SHARED_BY_GROUP: usize = usize::MAX;
+
+/// Whether drafting as a group pays: the requests that would draft with the draft forward's
+/// fixed cost taken as paid (priced at [`SHARED_BY_GROUP`]) save together, per step (`saving`,
+/// the sum of their [`step_saving`]s), more than the `positions` forwards' fixed cost
+/// (`fixed` seconds each) by [`PAY_HURDLE`]. Pricing each request at an equal share of that
+/// cost instead lets the group fall apart one request at a time: one whose own acceptance is
+/// low refuses at its share, which raises everyone's share (see `engine::schedule`).
+pub fn group_pays(saving: f64, fixed: f64, positions: usize) -> bool {
+    positions > 0 && saving > 0.0 && saving >= fixed * positions as f64 * (1.0 + PAY_HURDLE)
 }
 
 /// Over how many requests a draft forward's fixed cost is priced: the fixed point of

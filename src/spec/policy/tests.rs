@@ -444,3 +444,67 @@ fn expected_tokens_formula() {
     assert!((expected_tokens(0.5, 2) - 1.75).abs() < 1e-12);
     assert!((expected_tokens(0.0, 5) - 1.0).abs() < 1e-12);
 }
+
+#[test]
+fn group_pricing_keeps_together_a_batch_that_equal_shares_break_up() {
+    // Batch 4, the MTP layer as traced on the widened target: a plain step 14.4 ms (3.6 ms a
+    // request), a verified drafted token 1.6 ms, the MTP forward 2.6 ms whatever its tokens.
+    // Three requests may draft (the fourth is catching up on its prompt), one of them with a
+    // low acceptance of its own.
+    let price = Some(StepPrice {
+        share: 3.6e-3,
+        per_draft: 1.6e-3,
+    });
+    let mut draft = LinearCost::default();
+    draft.observe(1, 2.6e-3);
+    draft.observe(4, 2.6e-3);
+    let alphas = [0.38, 0.95, 0.76];
+    let drafting = |sharing: usize| {
+        alphas
+            .iter()
+            .filter(|&&a| choose_k_rates(&[a], 1, sharing, price, &draft).0 > 0)
+            .count()
+    };
+    // equal shares: 0.38 refuses at a third of the forward, 0.76 at a half, 0.95 alone: nobody
+    assert_eq!(drafting(3), 2);
+    assert_eq!(drafting(2), 1);
+    assert_eq!(drafting(1), 0);
+    assert_eq!(sharing_fixed_point(3, drafting), 1);
+    // with the forward taken as paid, 0.95 and 0.76 draft and together save more than it
+    assert_eq!(drafting(SHARED_BY_GROUP), 2);
+    let saving: f64 = alphas
+        .iter()
+        .filter(|&&a| choose_k_rates(&[a], 1, SHARED_BY_GROUP, price, &draft).0 > 0)
+        .map(|&a| step_saving(&[a], 1, SHARED_BY_GROUP, price, &draft))
+        .sum();
+    // 3.6 x 1.95 - 5.2 = 1.82 ms and 3.6 x 1.76 - 5.2 = 1.14 ms against 2.6 ms (+ the hurdle)
+    assert!((saving - 2.956e-3).abs() < 1e-6, "saving {saving}");
+    assert!(group_pays(saving, 2.6e-3, 1));
+    // two draft positions run the forward twice: 2 x 2.6 ms is more than they save
+    assert!(!group_pays(saving, 2.6e-3, 2));
+    // and a group that saves just the forward's cost does not clear the hurdle
+    assert!(!group_pays(2.6e-3, 2.6e-3, 1));
+    assert!(!group_pays(0.0, 0.0, 0));
+}
+
+#[test]
+fn no_group_where_a_drafted_token_costs_nearly_a_request() {
+    // Batch 16: a request's share of a plain step 1.8 ms, a verified drafted token 1.5 ms: at
+    // 0.78 accepted nobody drafts even with the forward paid, so nothing is saved.
+    let price = Some(StepPrice {
+        share: 1.8e-3,
+        per_draft: 1.5e-3,
+    });
+    let mut draft = LinearCost::default();
+    draft.observe(16, 2.1e-3);
+    assert_eq!(
+        choose_k_rates(&[0.78], 4, SHARED_BY_GROUP, price, &draft).0,
+        0
+    );
+    assert!(!group_pays(0.0, 2.1e-3, 0));
+    // a request's saving is zero without drafts, and negative where drafting loses
+    assert_eq!(step_saving(&[0.78], 0, SHARED_BY_GROUP, price, &draft), 0.0);
+    assert!(step_saving(&[0.78], 1, SHARED_BY_GROUP, price, &draft) < 0.0);
+    // before the target is priced nothing is predicted
+    assert_eq!(step_saving(&[0.78], 1, 1, None, &draft), 0.0);
+}
