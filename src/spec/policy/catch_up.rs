@@ -38,11 +38,15 @@ pub fn catch_up_pays(lag: usize, secs_per_row: f64, saved: f64, horizon: usize) 
 
 /// How many times over the predicted saving must repay a catch-up (see [`catch_up_pays`]): the
 /// catch-up's cost is measured and certain, the saving is a prediction over a guessed horizon.
-/// Traced on the widened target at batch 4: the MTP layer's catch-ups on ~70 positions (10-12
-/// ms each, four requests in four steps) were predicted to be repaid ~2x over the horizon (as many
-/// tokens as each had generated, no finished requests yet), and ~35 tokens were left: the
-/// drafting after them saved ~18 % per token, yet the run ended at 0.97x of plain.
-pub const CATCH_UP_MARGIN: f64 = 2.0;
+/// It was 2 after a trace on the widened target at batch 4, when a starter's saving was priced
+/// at an equal share of the draft forward: the MTP layer's catch-ups on ~70 positions (10-12 ms
+/// each, four requests in four steps) were predicted to be repaid ~2x over the horizon, ~35
+/// tokens were left, and the run ended at 0.97x of plain. With a batch priced as a group
+/// (`group_pays`) the savings are the group's real ones, and 2 kept the MTP layer from starting
+/// at batch 4 with the 50 % thinking budget (~36-token outputs: a ~14 ms prompt catch-up
+/// against ~0.68 ms saved per token): adaptive 0.978-1.013x where fixed k = 1 ran 1.05x; at 1.5,
+/// 1.027-1.053x (two alternated pairs, `docs/BENCHMARKS.md`), batch 16 unchanged.
+pub const CATCH_UP_MARGIN: f64 = 1.5;
 
 /// How a request that may draft this step would start: drafting steadily (its drafter is at
 /// most a round behind), or first catching up on a long lag — blind while the catch-up cost per

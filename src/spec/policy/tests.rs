@@ -409,10 +409,10 @@ fn catch_up_needs_its_margin() {
     let (lag, per_row, saved) = (100, 1e-4, 1e-4);
     let cost = lag as f64 * per_row;
     let repaid = |h: usize| saved * h as f64 / cost;
-    assert!(repaid(150) > 1.0 && repaid(150) < CATCH_UP_MARGIN);
-    assert!(!catch_up_pays(lag, per_row, saved, 150));
-    assert!(repaid(210) > CATCH_UP_MARGIN);
-    assert!(catch_up_pays(lag, per_row, saved, 210));
+    assert!(repaid(120) > 1.0 && repaid(120) < CATCH_UP_MARGIN);
+    assert!(!catch_up_pays(lag, per_row, saved, 120));
+    assert!(repaid(160) > CATCH_UP_MARGIN);
+    assert!(catch_up_pays(lag, per_row, saved, 160));
 }
 
 #[test]
