@@ -132,6 +132,11 @@ struct Run {
     tokens: Vec<Vec<u32>>,
     wall_s: f64,
     stats: EngineStats,
+    /// The target's mapped weights after the run, while its engine still held them: how much
+    /// of them sat in 2 MB pages (a 9-token verification streams its weights markedly faster
+    /// from 2 MB pages than from 4 KB ones, so the spec rows' roofline fractions move with the
+    /// page cache's state; docs/BENCHMARKS.md). Separate runs only (`run_once`).
+    pages: Option<specmla::weights::MappedPages>,
 }
 
 impl Run {
@@ -241,6 +246,7 @@ fn run_once(
         tokens: res.tokens,
         wall_s,
         stats: engine.stats(),
+        pages: specmla::weights::mapped_pages_under(target),
     })
 }
 
@@ -299,11 +305,13 @@ fn run_interleaved(
             tokens: tp,
             wall_s: wall[0],
             stats: ep.stats(),
+            pages: None,
         },
         Run {
             tokens: ts,
             wall_s: wall[1],
             stats: es.stats(),
+            pages: None,
         },
     ))
 }
@@ -529,6 +537,8 @@ fn run_target(
     let mut acc_lines = Vec::new();
     let mut mtp_lines: Vec<String> = Vec::new();
     let mut aa_lines: Vec<String> = Vec::new();
+    // the target weights' page sizes after each (budget, batch)'s kept plain run
+    let mut page_lines: Vec<String> = Vec::new();
     for (bname, budgets) in &budget_sets {
         for &b in batches {
             progress(&format!(
@@ -565,6 +575,13 @@ fn run_target(
             .expect("two plain runs");
             let plain_step_bytes =
                 plain.stats.target_weight_bytes as f64 / plain.stats.steps.max(1) as f64;
+            if let Some(p) = plain.pages.filter(|p| p.mappings > 0) {
+                page_lines.push(format!(
+                    "weights, budget {bname}, batch {b}: {:.2} GB of the mapped target resident after the plain run, {:.1}% of it in 2 MB pages",
+                    p.resident_bytes as f64 / 1e9,
+                    100.0 * p.huge_fraction()
+                ));
+            }
             // --interleaved R: R interleaved runs of two plain engines too — the method's own
             // A/A spread, the floor under which an interleaved speedup is not resolved (an
             // adaptive row that drafts almost nothing is such a pair).
@@ -832,6 +849,10 @@ fn run_target(
                     run_json["roofline_speedup_prefill_as_plain"] = json!(roof_pf);
                     run_json["measured_over_roofline_prefill_as_plain"] = json!(frac_pf);
                     run_json["interleaved_plain_aa"] = json!(aa_inter);
+                    run_json["plain_weights_huge_page_fraction"] = json!(plain
+                        .pages
+                        .filter(|p| p.mappings > 0)
+                        .map(|p| p.huge_fraction()));
                     run_json["interleaved_measured_over_roofline_prefill_as_plain"] =
                         json!((!inter_frac_pf.is_empty())
                             .then(|| super::percentile(&inter_frac_pf, 50.0)));
@@ -880,7 +901,12 @@ fn run_target(
         ],
         &rows,
     );
-    for l in acc_lines.iter().chain(&mtp_lines).chain(&aa_lines) {
+    for l in acc_lines
+        .iter()
+        .chain(&mtp_lines)
+        .chain(&aa_lines)
+        .chain(&page_lines)
+    {
         text += l;
         text += "\n";
     }
