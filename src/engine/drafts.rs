@@ -78,10 +78,11 @@ pub(super) fn choose_drafts(
             optimistic_acceptance(p * ratio, obs, pos_prior_weight(&first_prior, j))
         })
         .collect();
+    let price = target.price(n_decode);
     let mut k = match spec {
         SpecMode::Fixed(k) => k,
         SpecMode::Adaptive { k_max } => {
-            let (k, saved) = choose_k_rates(&c, k_max, sharing, target.price(n_decode), draft);
+            let (k, saved) = choose_k_rates(&c, k_max, sharing, price, draft);
             match (catch_up, saved) {
                 _ if min_k > k => min_k.min(k_max),
                 (Some((lag, per_row, horizon)), Some(saved))
@@ -100,9 +101,7 @@ pub(super) fn choose_drafts(
         return (0, Vec::new(), 0, 0.0);
     }
     let saving = match spec {
-        SpecMode::Adaptive { .. } => {
-            crate::spec::policy::step_saving(&c, k, sharing, target.price(n_decode), draft)
-        }
+        SpecMode::Adaptive { .. } => crate::spec::policy::step_saving(&c, k, sharing, price, draft),
         SpecMode::Fixed(_) => 0.0,
     };
     match r.budget.remaining() {

@@ -379,31 +379,29 @@ impl Core {
         // two, at which drafting barely paid, then to none — where four requests drafting
         // together save ~7 ms per step against that forward (traced; adaptive ~1.0x of plain
         // where fixed k = 1 ran 1.08x, with the group 1.07-1.09x).
-        if adaptive
-            && kind == StepKind::Free
-            && self.proposer.is_some()
-            && self.drafts_as_group(&st)
-        {
-            st.sharing = SHARED_BY_GROUP;
-            st.sharing_far = SHARED_BY_GROUP;
-        } else if adaptive && kind == StepKind::Free && self.proposer.is_some() {
-            st.sharing_far = sharing_fixed_point(n_decode, |sharing| {
-                let mut dry = StepDrafts {
-                    sharing,
-                    sharing_far: sharing,
-                    explorers: usize::MAX,
-                    explore: false,
-                    catch_ups: CatchUpBudget::unlimited(),
-                    ..st.clone()
-                };
-                self.dry_run(&mut dry)
-            });
-            st.sharing = sharing_fixed_point(n_decode, |sharing| {
-                self.dry_run(&mut StepDrafts {
-                    sharing,
-                    ..st.clone()
-                })
-            });
+        if adaptive && kind == StepKind::Free && self.proposer.is_some() {
+            if self.drafts_as_group(&st) {
+                st.sharing = SHARED_BY_GROUP;
+                st.sharing_far = SHARED_BY_GROUP;
+            } else {
+                st.sharing_far = sharing_fixed_point(n_decode, |sharing| {
+                    let mut dry = StepDrafts {
+                        sharing,
+                        sharing_far: sharing,
+                        explorers: usize::MAX,
+                        explore: false,
+                        catch_ups: CatchUpBudget::unlimited(),
+                        ..st.clone()
+                    };
+                    self.dry_run(&mut dry)
+                });
+                st.sharing = sharing_fixed_point(n_decode, |sharing| {
+                    self.dry_run(&mut StepDrafts {
+                        sharing,
+                        ..st.clone()
+                    })
+                });
+            }
         }
         let mut i = 0;
         while i < self.running.len() {

@@ -115,12 +115,7 @@ pub fn choose_k_rates(
     let mut best = (0usize, 0.0f64);
     let mut plain = 0.0;
     for k in 0..=k_max {
-        let cost = share
-            + if k > 0 {
-                k as f64 * (per_draft + db / b + dt)
-            } else {
-                0.0
-            };
+        let cost = request_cost(share, per_draft, k, b, (db, dt));
         let rate = expected_tokens_at(c, k) / cost.max(1e-12);
         if k == 0 {
             plain = rate;
@@ -150,9 +145,21 @@ pub fn step_saving(
     let Some(StepPrice { share, per_draft }) = price else {
         return 0.0;
     };
-    let (db, dt) = draft.fit().unwrap_or((0.0, 0.0));
-    let cost = share + k as f64 * (per_draft + db / sharing.max(1) as f64 + dt);
+    let fit = draft.fit().unwrap_or((0.0, 0.0));
+    let cost = request_cost(share, per_draft, k, sharing.max(1) as f64, fit);
     share * expected_tokens_at(c, k) - cost
+}
+
+/// What one request's step costs with k drafts: its share of a plain step, plus per drafted
+/// token its verification (`per_draft`), its share of the draft forward's fixed cost (`db`
+/// over `sharing` requests) and the forward's per-token cost (`dt`; `(db, dt)` is the drafter's
+/// fitted line, zero for a drafter without a model).
+fn request_cost(share: f64, per_draft: f64, k: usize, sharing: f64, (db, dt): (f64, f64)) -> f64 {
+    if k == 0 {
+        share
+    } else {
+        share + k as f64 * (per_draft + db / sharing + dt)
+    }
 }
 
 /// The sharing count of a batch that drafts as a group ([`group_pays`]): each request is priced
