@@ -135,7 +135,7 @@ struct Run {
     /// The target's mapped weights after the run, while its engine still held them: how much
     /// of them sat in 2 MB pages (a 9-token verification streams its weights markedly faster
     /// from 2 MB pages than from 4 KB ones, so the spec rows' roofline fractions move with the
-    /// page cache's state; docs/BENCHMARKS.md). Separate runs only (`run_once`).
+    /// page cache's state; docs/BENCHMARKS.md). Separate plain runs only (`run_once`).
     pages: Option<specmla::weights::MappedPages>,
 }
 
@@ -238,6 +238,7 @@ fn run_once(
     batch: usize,
     work: Workload<'_>,
 ) -> Result<Run> {
+    let plain = matches!(draft, DraftSource::None);
     let engine = bench_engine(target, draft, base, spec, batch)?;
     let t = Instant::now();
     let res = super::run_staggered(&engine, work.requests(), work.stagger)?;
@@ -246,7 +247,10 @@ fn run_once(
         tokens: res.tokens,
         wall_s,
         stats: engine.stats(),
-        pages: specmla::weights::mapped_pages_under(target),
+        // read for plain runs only: the spec rows report their plain run's
+        pages: plain
+            .then(|| specmla::weights::mapped_pages_under(target))
+            .flatten(),
     })
 }
 
