@@ -65,7 +65,8 @@ pub(crate) fn shard_files(src: &Path) -> Result<Vec<PathBuf>> {
     Ok(v)
 }
 
-/// Write `tensors` as one safetensors file at `path`.
+/// Write `tensors` as one safetensors file at `path`, written back and out of the page cache
+/// ([`super::pages::drop_from_page_cache`]).
 pub(crate) fn write_safetensors(path: &Path, tensors: &[OutTensor]) -> Result<()> {
     let st = |e: safetensors::SafeTensorError| Error::Safetensors {
         path: path.display().to_string(),
@@ -90,7 +91,10 @@ pub(crate) fn write_safetensors(path: &Path, tensors: &[OutTensor]) -> Result<()
             safetensors::tensor::TensorView::new(d, shape.clone(), data).map_err(st)?,
         ));
     }
-    safetensors::serialize_to_file(views, None, path).map_err(st)
+    safetensors::serialize_to_file(views, None, path).map_err(st)?;
+    // Out of the page cache, so the engine that loads the new checkpoint maps it in 2 MB pages
+    // (a just-written file stays cached in the write's small folios; `pages`).
+    super::pages::drop_from_page_cache(path).map_err(|e| io(path, e))
 }
 
 /// `dir/config.json` as JSON.

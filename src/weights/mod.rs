@@ -21,7 +21,7 @@ mod widen;
 pub use dtype::{bf16_to_f32, f16_to_f32, f32_to_bf16, fp8_e4m3_to_f32, DType};
 pub use expected::{check_tensor_set, expected_tensor_names, expected_tensor_shapes};
 pub use loader::{scale_inv_name, Loader};
-pub use pages::{mapped_pages_under, MappedPages};
+pub use pages::{drop_from_page_cache, mapped_pages_under, MappedPages};
 pub use quantize::{is_quantizable, quantize_blocks, quantize_dir, QuantizeReport};
 pub use safetensors_store::{
     huge_page_weights, set_huge_page_weights, TensorView, WeightSource, WeightStore,
