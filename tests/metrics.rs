@@ -266,7 +266,7 @@ fn decode_tokens_end_at_a_stop_on_an_accepted_draft() {
 /// `EngineStats::decode` counts exactly the decode-only steps: one request alone commits its
 /// first token in the prefill step and every later token in a decode step (plain decoding: one
 /// per step; with a draft: the accepted drafts too), and those steps' time and bytes are part of
-/// the totals.
+/// the totals; `steps_by_tokens` counts each by the tokens its forward took.
 #[test]
 fn decode_only_step_totals_add_up() {
     for (draft, k) in [
@@ -305,6 +305,19 @@ fn decode_only_step_totals_add_up() {
         }
         assert!(st.decode.seconds > 0.0 && st.decode.seconds <= wall);
         assert!(st.decode.weight_bytes > 0 && st.decode.weight_bytes < st.target_weight_bytes);
+        // steps by forward tokens: every decode step once; a plain step forwards one token, a
+        // verification 1 + its drafts (at most k; the confidence cut stops some earlier), and
+        // a step commits at most what it forwarded
+        let by = &st.decode.steps_by_tokens;
+        assert_eq!(by.iter().sum::<u64>(), st.decode.steps, "k={k}");
+        let forwarded: u64 = by.iter().enumerate().map(|(n, &s)| n as u64 * s).sum();
+        assert!(forwarded >= st.decode.committed_tokens, "k={k}: {by:?}");
+        assert!(by.len() <= k + 2 && by[0] == 0, "k={k}: {by:?}");
+        if k == 0 {
+            assert_eq!(by[1], st.decode.steps);
+        } else {
+            assert!(by[1] < st.decode.steps, "drafts verified: {by:?}");
+        }
     }
 }
 

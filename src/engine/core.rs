@@ -211,6 +211,12 @@ impl Core {
             self.decode.committed_tokens += committed as u64;
             self.decode.weight_bytes += out.weight_bytes;
             self.decode.draft_weight_bytes += self.draft_weight_bytes - draft_bytes0;
+            let tokens: usize = inputs.iter().map(Vec::len).sum();
+            let by = &mut self.decode.steps_by_tokens;
+            if by.len() <= tokens {
+                by.resize(tokens + 1, 0);
+            }
+            by[tokens] += 1;
             if adaptive {
                 self.guard
                     .observe(drafted, steady && informed, committed, secs);
@@ -687,7 +693,7 @@ impl Core {
 }
 
 /// Totals over the engine's decode-only steps (see `Core::decode`).
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct DecodeSteps {
     pub steps: u64,
     /// Wall seconds of those steps (drafting, verification, commit).
@@ -699,6 +705,10 @@ pub struct DecodeSteps {
     pub weight_bytes: u64,
     /// Weight bytes the drafter's forwards needed in them ([`Proposer::weight_bytes`]).
     pub draft_weight_bytes: u64,
+    /// Steps by the number of tokens their target forward took (index: tokens; verified drafts
+    /// included): what a step's products multiply, for a roofline that counts FLOPs as well as
+    /// bytes (`Model::decode_work_per_token`).
+    pub steps_by_tokens: Vec<u64>,
 }
 
 /// The metric name of a request's A/B arm ("" without an A/B drafter).

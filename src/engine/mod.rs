@@ -527,7 +527,7 @@ impl Engine {
             time_draft_s: core.time_draft_s,
             target_weight_bytes: core.target_weight_bytes,
             draft_weight_bytes: core.draft_weight_bytes,
-            decode: core.decode,
+            decode: core.decode.clone(),
             target_kv_bytes_per_token: kv.bytes_per_token,
             draft_kv_bytes_per_token: core.proposer.as_ref().map_or(0, |p| p.kv_bytes_per_token()),
             kv,

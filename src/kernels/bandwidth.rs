@@ -1,4 +1,5 @@
-//! Roofline probes: streaming-read bandwidth and peak FMA throughput of the current rayon pool.
+//! Roofline probes: streaming-read bandwidth, peak FMA throughput and the peak multiply-add rate
+//! of the bf16 matmul kernels, with the current rayon pool.
 //! Benchmarks report kernel speed as fractions of these; the scheduler may use them to price a
 //! target step against a draft step. Results are measurements (noisy by nature), never inputs to
 //! any numerical result.
@@ -84,6 +85,52 @@ pub fn measure_peak_flops(reps: usize) -> f64 {
     }
     let lanes = if isa.avx512() { 16 } else { 8 };
     (threads * FLOP_ITERS * CHAINS * lanes * 2) as f64 / best
+}
+
+/// Peak FLOP/s (two per multiply-add) of the multiply-adds the bf16 weight matmuls run on at the
+/// current ISA level, with the current rayon pool, best of `reps`: `vdpbf16ps` chains where the
+/// matmuls use it (`Isa::bf16_dot`; 32 multiply-adds per 512-bit instruction; also the AMX
+/// level's one-token path, so a lower bound there), else the f32 FMA peak (the other levels
+/// widen bf16 to f32). What a product of n tokens can reach when it is compute-bound: the
+/// spec bench's roofline charges each product max(bytes / bandwidth, FLOPs / this).
+pub fn measure_peak_dot_flops(reps: usize) -> f64 {
+    let isa = Isa::current();
+    #[cfg(target_arch = "x86_64")]
+    if isa.bf16_dot() || isa.amx() {
+        let mut best = f64::INFINITY;
+        let mut threads = 1;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            // SAFETY: bf16_dot / amx levels are chosen only where AVX512-BF16 was detected.
+            let r = rayon::broadcast(|_| unsafe { dot_chains_avx512bf16(FLOP_ITERS) });
+            black_box(r);
+            best = best.min(t.elapsed().as_secs_f64());
+            threads = rayon::current_num_threads();
+        }
+        return (threads * FLOP_ITERS * CHAINS * 32 * 2) as f64 / best;
+    }
+    let _ = isa;
+    measure_peak_flops(reps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn dot_chains_avx512bf16(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut a = [_mm512_set1_ps(1.0); CHAINS];
+    // bf16 1.0 and 0.99609375: the accumulators grow slowly and stay finite
+    let w = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(black_box(0x3f80)));
+    let x = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi16(black_box(0x3f7f)));
+    for _ in 0..iters {
+        for ai in a.iter_mut() {
+            *ai = _mm512_dpbf16_ps(*ai, w, x);
+        }
+    }
+    let mut s = _mm512_setzero_ps();
+    for ai in a {
+        s = _mm512_add_ps(s, ai);
+    }
+    _mm512_reduce_add_ps(s)
 }
 
 fn fma_chains(isa: Isa, iters: usize) -> f32 {

@@ -44,7 +44,7 @@ mod tests;
 mod vec_ops;
 mod weighted_sum;
 
-pub use bandwidth::{measure_peak_flops, measure_read_bandwidth};
+pub use bandwidth::{measure_peak_dot_flops, measure_peak_flops, measure_read_bandwidth};
 pub use cache_info::{last_level_cache_bytes, stays_cached};
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};

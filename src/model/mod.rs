@@ -25,4 +25,4 @@ mod weights;
 pub use batch::{LogitsMode, SeqChunk};
 pub use forward::ForwardOut;
 pub use v4::{v4_tensor_shapes, V4Model};
-pub use weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer};
+pub use weights::{Attention, DecoderLayer, Expert, Ffn, Model, Moe, MtpLayer, TokenWork, Work};

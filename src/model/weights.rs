@@ -204,45 +204,96 @@ impl Model {
     /// Weight bytes read by a batch-1 decode step: everything except non-selected experts
     /// (top-k routed experts counted) and the embedding table (one row).
     pub fn decode_bytes_per_token(&self) -> usize {
-        let mut n = self.lm_head().nbytes() + self.norm.len() * 4;
+        self.decode_work_per_token().bytes()
+    }
+
+    /// What one decode token's forward reads and multiplies, split by how a step of several
+    /// tokens takes it ([`TokenWork`]); the bytes sum to [`Model::decode_bytes_per_token`].
+    pub fn decode_work_per_token(&self) -> TokenWork {
+        let mut w = TokenWork::default();
+        w.every_token.matrix(self.lm_head());
+        w.every_token.floats(self.norm.len());
         if let (Some(v4), Some(c)) = (&self.v4, &self.config.v4) {
-            n += v4.decode_bytes_per_token(c.num_experts_per_tok);
+            let v = v4.decode_work_per_token(c.num_experts_per_tok);
+            w.every_token.add(v.every_token);
+            w.routed.add(v.routed);
         }
         for l in &self.layers {
-            let a = &l.attn;
-            if let Some((qa, _, qb)) = &a.q_lora {
-                n += qa.nbytes() + qb.nbytes();
-            }
-            n += a.q_proj.as_ref().map_or(0, |m| m.nbytes());
-            n += a.kv_a_proj.nbytes()
-                + a.w_uk_t.iter().map(Matrix::nbytes).sum::<usize>()
-                + a.w_uv.iter().map(Matrix::nbytes).sum::<usize>()
-                + a.o_proj.nbytes();
-            n += a.indexer.as_ref().map_or(0, Indexer::nbytes);
-            n += match &l.ffn {
-                Ffn::Dense(e) => expert_bytes(e),
+            w.every_token.add(l.attn_work(false, true));
+            match &l.ffn {
+                Ffn::Dense(e) => w.every_token.expert(e),
                 Ffn::Moe(m) => {
                     let k = self
                         .config
                         .moe
                         .as_ref()
                         .map_or(0, |c| c.num_experts_per_tok);
-                    m.gate.len() * 4
-                        + m.experts.first().map_or(0, expert_bytes) * k
-                        + m.shared.as_ref().map_or(0, expert_bytes)
+                    w.every_token.floats(m.gate.len());
+                    if let Some(e) = &m.shared {
+                        w.every_token.expert(e);
+                    }
+                    if let Some(e) = m.experts.first() {
+                        (0..k).for_each(|_| w.routed.expert(e));
+                    }
                 }
-            };
+            }
         }
-        n
+        w
+    }
+}
+
+/// Weight bytes and multiply-adds of part of one token's forward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    pub bytes: usize,
+    pub macs: usize,
+}
+
+impl Work {
+    /// A matrix product: all its bytes, one multiply-add per element.
+    pub fn matrix(&mut self, m: &Matrix) {
+        self.bytes += m.nbytes();
+        self.macs += m.numel();
+    }
+    /// An expert's three products.
+    pub fn expert(&mut self, e: &Expert) {
+        [&e.gate, &e.up, &e.down]
+            .into_iter()
+            .for_each(|m| self.matrix(m));
+    }
+    /// `len` f32 weights used once each (a router row set, a norm): 4 bytes, one multiply-add.
+    pub fn floats(&mut self, len: usize) {
+        self.bytes += len * 4;
+        self.macs += len;
+    }
+    pub fn add(&mut self, o: Work) {
+        self.bytes += o.bytes;
+        self.macs += o.macs;
+    }
+}
+
+/// One decode token's weight work, split by how a forward of n tokens takes it: `every_token`
+/// products (attention projections, dense MLPs, shared experts, routers, norms, the lm_head) are
+/// read once per forward and multiplied n times, so past some n they are bound by the multiply-
+/// adds, not the bytes; `routed` experts (top-k per MoE layer) are read once per distinct
+/// expert the tokens select (the forward counts that union) and multiplied once per token that
+/// selected them, a few tokens each: bound by the bytes. The spec bench's roofline charges each
+/// part max(bytes / bandwidth, FLOPs / peak).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenWork {
+    pub every_token: Work,
+    pub routed: Work,
+}
+
+impl TokenWork {
+    /// Bytes of one token's forward (both parts).
+    pub fn bytes(&self) -> usize {
+        self.every_token.bytes + self.routed.bytes
     }
 }
 
 fn expert_params(e: &Expert) -> usize {
     e.gate.numel() + e.up.numel() + e.down.numel()
-}
-
-fn expert_bytes(e: &Expert) -> usize {
-    e.nbytes()
 }
 
 impl Expert {
@@ -265,25 +316,34 @@ impl DecoderLayer {
     /// kv_b_proj when some token takes the decompressed-MHA path (`mha`) and the absorbed
     /// W_UK^T / W_UV when some token takes the absorbed path (`absorbed`).
     pub fn attn_bytes(&self, mha: bool, absorbed: bool) -> usize {
+        self.attn_work(mha, absorbed).bytes
+    }
+
+    /// [`Self::attn_bytes`] with the projections' multiply-adds per token.
+    pub fn attn_work(&self, mha: bool, absorbed: bool) -> Work {
         let a = &self.attn;
-        let mut n = a.kv_a_proj.nbytes() + a.o_proj.nbytes();
+        let mut w = Work::default();
+        w.matrix(&a.kv_a_proj);
+        w.matrix(&a.o_proj);
         if let Some((qa, _, qb)) = &a.q_lora {
-            n += qa.nbytes() + qb.nbytes();
+            w.matrix(qa);
+            w.matrix(qb);
         }
-        n += a.q_proj.as_ref().map_or(0, Matrix::nbytes);
-        n += a.indexer.as_ref().map_or(0, Indexer::nbytes);
+        if let Some(m) = &a.q_proj {
+            w.matrix(m);
+        }
+        if let Some(ix) = &a.indexer {
+            [&ix.wq_b, &ix.wk, &ix.weights_proj]
+                .into_iter()
+                .for_each(|m| w.matrix(m));
+        }
         if mha {
-            n += a.kv_b_proj.nbytes();
+            w.matrix(&a.kv_b_proj);
         }
         if absorbed {
-            n += a
-                .w_uk_t
-                .iter()
-                .chain(&a.w_uv)
-                .map(Matrix::nbytes)
-                .sum::<usize>();
+            a.w_uk_t.iter().chain(&a.w_uv).for_each(|m| w.matrix(m));
         }
-        n
+        w
     }
 }
 

@@ -26,7 +26,7 @@ pub use load::v4_tensor_shapes;
 use crate::kernels::Matrix;
 
 use super::rope::Rope;
-use super::weights::Expert;
+use super::weights::{Expert, TokenWork};
 
 /// Manifold-constrained hyper-connection of one block (N = hc_mult streams).
 pub struct HyperConn {
@@ -156,12 +156,6 @@ pub struct V4Model {
     pub rope_compress: Rope,
 }
 
-impl Compressor {
-    fn nbytes(&self) -> usize {
-        self.wkv.nbytes() + self.wgate.nbytes()
-    }
-}
-
 impl V4Model {
     /// Every weight matrix (for stats / `specmla info`).
     pub fn matrices(&self) -> Vec<&Matrix> {
@@ -216,19 +210,38 @@ impl V4Model {
 
     /// Weight bytes a batch-1 decode step reads (top-k experts counted, not all).
     pub fn decode_bytes_per_token(&self, k: usize) -> usize {
-        let mut n = 0;
+        self.decode_work_per_token(k).bytes()
+    }
+
+    /// [`Self::decode_bytes_per_token`] split into every-token and routed work
+    /// ([`TokenWork`]).
+    pub fn decode_work_per_token(&self, k: usize) -> TokenWork {
+        let mut w = TokenWork::default();
+        let e = &mut w.every_token;
         for l in &self.layers {
             let a = &l.attn;
-            n += a.wq_a.nbytes() + a.wq_b.nbytes() + a.wkv.nbytes();
-            n += a.wo_a_full.nbytes() + a.wo_b.nbytes();
-            n += a.compressor.as_ref().map_or(0, Compressor::nbytes);
-            if let Some(ix) = &a.indexer {
-                n += ix.wq_b.nbytes() + ix.weights_proj.nbytes() + ix.comp.nbytes();
+            [&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a_full, &a.wo_b]
+                .into_iter()
+                .for_each(|m| e.matrix(m));
+            if let Some(c) = &a.compressor {
+                e.matrix(&c.wkv);
+                e.matrix(&c.wgate);
             }
-            n += l.ffn.gate.len() * 4 + l.ffn.shared.nbytes();
-            n += l.ffn.experts.first().map_or(0, Expert::nbytes) * k;
-            n += (l.attn_hc.fn_w.len() + l.ffn_hc.fn_w.len()) * 4;
+            if let Some(ix) = &a.indexer {
+                [&ix.wq_b, &ix.weights_proj, &ix.comp.wkv, &ix.comp.wgate]
+                    .into_iter()
+                    .for_each(|m| e.matrix(m));
+            }
+            e.floats(l.ffn.gate.len());
+            e.expert(&l.ffn.shared);
+            e.floats(l.attn_hc.fn_w.len() + l.ffn_hc.fn_w.len());
         }
-        n + self.hc_head.fn_w.len() * 4
+        e.floats(self.hc_head.fn_w.len());
+        for l in &self.layers {
+            if let Some(x) = l.ffn.experts.first() {
+                (0..k).for_each(|_| w.routed.expert(x));
+            }
+        }
+        w
     }
 }

@@ -25,6 +25,7 @@
 mod engine_bench;
 mod pairwise;
 mod random_model;
+mod roofline;
 mod spec_bench;
 mod swap_bench;
 mod ttft_bench;

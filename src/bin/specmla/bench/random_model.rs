@@ -466,6 +466,24 @@ mod tests {
         let costs = token_costs(&model.config, 2);
         assert_eq!(costs.total_params, model.num_params());
         assert_eq!(costs.decode_weight_bytes, model.decode_bytes_per_token());
+        // One token's work split for the roofline with FLOPs: every active parameter is one
+        // multiply-add (the final norm's weights one each too); the routed part is the top-k
+        // experts of the MoE layers, two bytes per bf16 weight.
+        let w = model.decode_work_per_token();
+        let c = &model.config;
+        assert_eq!(w.bytes(), model.decode_bytes_per_token());
+        assert_eq!(
+            w.every_token.macs + w.routed.macs,
+            costs.active_params + c.hidden_size
+        );
+        let m = c.moe.as_ref().expect("MoE config");
+        let moe_layers = (0..c.num_hidden_layers)
+            .filter(|&l| c.is_moe_layer(l))
+            .count();
+        assert!(moe_layers > 0);
+        let expert = 3 * c.hidden_size * m.moe_intermediate_size;
+        assert_eq!(w.routed.macs, moe_layers * m.num_experts_per_tok * expert);
+        assert_eq!(w.routed.bytes, 2 * w.routed.macs);
         // file = 8-byte length + header + 2 bytes per parameter
         assert!(bytes > model.num_params() * 2 && bytes < model.num_params() * 2 + 65536);
         // the same seed gives the same file

@@ -10,7 +10,10 @@
 //! (end to end, and over decode-only steps: prefill is the same work in both runs): committed
 //! tokens per step relative to plain — 1 + a k per verification for the measured acceptance a —
 //! over counted bytes per step relative to plain, so measured / roofline says whether a step
-//! costs what it reads; draft time per drafted token, answer
+//! costs what it reads; the decode roofline with FLOPs counted too (`roofline`: past ~12 tokens
+//! per bf16 weight a product is bound by its multiply-adds, as a batch-16 step's dense and
+//! shared-expert products are on 2 cores), with the machine's probed bandwidth and multiply-add
+//! peak; draft time per drafted token, answer
 //! accuracy, and whether every request's committed tokens equal the plain run's.
 
 use std::path::Path;
@@ -20,11 +23,13 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use specmla::engine::{DraftSource, Engine, EngineConfig, EngineStats, Prompt, Request};
-use specmla::model::{Ffn, Model};
+use specmla::kernels::{measure_peak_dot_flops, measure_read_bandwidth};
+use specmla::model::{Model, TokenWork};
 use specmla::spec::SpecMode;
 use specmla::tokenizer::Tokenizer;
 use specmla::{Error, Result};
 
+use super::roofline::{decode_roofline_with_flops, mtp_step_work, Machine};
 use super::{progress, random_tokens, table, BenchArgs, Section};
 
 /// One workload line (tools/train writes these; unknown fields are ignored).
@@ -343,25 +348,8 @@ struct Drafter {
     src: DraftSource,
     /// Weight bytes one draft step reads for one request (0 for n-gram).
     step_bytes: f64,
-}
-
-/// Weight bytes a batch-1 MTP step reads: eh_proj, the absorbed attention, router + shared +
-/// top-k experts, the head.
-fn mtp_step_bytes(m: &Model) -> f64 {
-    let Some(l) = m.mtp.first() else { return 0.0 };
-    let k = m.config.moe.as_ref().map_or(0, |c| c.num_experts_per_tok);
-    let ffn = match &l.layer.ffn {
-        Ffn::Dense(e) => e.nbytes(),
-        Ffn::Moe(mo) => {
-            mo.gate.len() * 4
-                + mo.shared.as_ref().map_or(0, |e| e.nbytes())
-                + k * mo.experts.first().map_or(0, |e| e.nbytes())
-        }
-    };
-    (l.eh_proj.nbytes()
-        + l.layer.attn_bytes(false, true)
-        + ffn
-        + l.head.as_ref().unwrap_or(m.lm_head()).nbytes()) as f64
+    /// One token's work through the drafter (`None` for n-gram).
+    work: Option<TokenWork>,
 }
 
 /// The drafters `--drafters` names that this target can use (MTP only with an MTP layer).
@@ -378,7 +366,7 @@ fn drafters(
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        let (src, bytes) = match name {
+        let (src, work) = match name {
             "draft" | "draft-weak" => {
                 let dir = if name == "draft" {
                     draft.to_path_buf()
@@ -393,16 +381,16 @@ fn drafters(
                     continue;
                 }
                 let m = Model::load_dir(&dir)?;
-                (DraftSource::Dir(dir), m.decode_bytes_per_token() as f64)
+                (DraftSource::Dir(dir), Some(m.decode_work_per_token()))
             }
             "mtp" => {
                 if target.mtp.is_empty() {
                     notes.push("drafter mtp: the target has no MTP layer, skipped".into());
                     continue;
                 }
-                (DraftSource::Mtp, mtp_step_bytes(target))
+                (DraftSource::Mtp, Some(mtp_step_work(target)))
             }
-            "ngram" => (DraftSource::Ngram { min_n: 1, max_n: 4 }, 0.0),
+            "ngram" => (DraftSource::Ngram { min_n: 1, max_n: 4 }, None),
             other => {
                 return Err(Error::InvalidArgument(format!(
                     "--drafters: unknown drafter {other} (draft, draft-weak, mtp, ngram)"
@@ -412,7 +400,8 @@ fn drafters(
         v.push(Drafter {
             name: name.to_string(),
             src,
-            step_bytes: bytes,
+            step_bytes: work.map_or(0.0, |w| w.bytes() as f64),
+            work,
         });
     }
     Ok(v)
@@ -435,12 +424,30 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
         specmla::weights::widen_dir(target, &dir, specmla::weights::WidenFactors::default())?;
         targets.push(("wide".into(), dir, true));
     }
-    let mut out_text = String::new();
+    // The machine's bandwidth and multiply-add peak with the engines' thread count, for the
+    // roofline with FLOPs (`roofline`).
+    progress("spec bench: probing the machine's read bandwidth and bf16 multiply-add peak");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads.max(1))
+        .build()
+        .map_err(|e| Error::Engine(format!("thread pool: {e}")))?;
+    let machine = Machine {
+        read_bytes_s: pool.install(|| measure_read_bandwidth(512 << 20, 5)),
+        dot_flop_s: pool.install(|| measure_peak_dot_flops(3)),
+    };
+    drop(pool);
+    let mut out_text = format!(
+        "machine ({} threads): read {:.1} GB/s, bf16 multiply-add peak {:.0} GFLOP/s: a product over bf16 weights is bound by its multiply-adds past {:.1} tokens per weight\n",
+        a.threads.max(1),
+        machine.read_bytes_s / 1e9,
+        machine.dot_flop_s / 1e9,
+        machine.balance_tokens()
+    );
     let mut out_runs = Vec::new();
     let mut all_identical = true;
     let mut result = Ok(());
     for (tname, tdir, scratch) in &targets {
-        match run_target(a, tname, tdir, draft, batches) {
+        match run_target(a, tname, tdir, draft, batches, &machine) {
             Ok((text, runs, ident)) => {
                 out_text += &text;
                 out_runs.extend(runs);
@@ -458,7 +465,8 @@ pub fn run(a: &BenchArgs, target: &Path, draft: &Path, batches: &[usize]) -> Res
     result?;
     Ok(Section {
         name: "speculation",
-        json: json!({"runs": out_runs, "greedy_identical": all_identical, "draft_p_min": a.draft_p_min, "stagger_steps": a.stagger}),
+        json: json!({"runs": out_runs, "greedy_identical": all_identical, "draft_p_min": a.draft_p_min, "stagger_steps": a.stagger,
+            "machine_read_gb_s": machine.read_bytes_s / 1e9, "machine_bf16_peak_gflop_s": machine.dot_flop_s / 1e9}),
         text: out_text,
     })
 }
@@ -471,6 +479,7 @@ fn run_target(
     target: &Path,
     draft: &Path,
     batches: &[usize],
+    machine: &Machine,
 ) -> Result<(String, Vec<Value>, bool)> {
     let tmodel = Model::load_dir(target)?;
     let target_cfg = tmodel.config.clone();
@@ -483,6 +492,7 @@ fn run_target(
     let mut notes = Vec::new();
     let drafters = drafters(a, draft, &tmodel, &mut notes)?;
     let plain_bytes_model = tmodel.decode_bytes_per_token() as f64;
+    let target_work = tmodel.decode_work_per_token();
     drop(tmodel);
     let max_prompt = items
         .iter()
@@ -743,6 +753,15 @@ fn run_target(
                     let dec_tokens_ratio =
                         spec.decode_tokens_per_step() / plain.decode_tokens_per_step().max(1e-12);
                     let dec_roof = dec_tokens_ratio / dec_bytes_ratio.max(1e-9);
+                    // The same with FLOPs counted too (`roofline`), and how close plain
+                    // decoding itself is to the machine's roofline.
+                    let (dec_roof_flops, plain_dec_of_ideal) = decode_roofline_with_flops(
+                        &spec.stats,
+                        &plain.stats,
+                        &target_work,
+                        d.work.as_ref(),
+                        machine,
+                    );
                     // End to end with prefill as plain measured it (see [`Run::ideal_spec_s`]):
                     // the roofline speedup, and the ideal time over the measured one.
                     let plain_ideal = plain.ideal_spec_s(dec_roof);
@@ -791,6 +810,14 @@ fn run_target(
                         format!("{:.1}", spec.decode_tps()),
                         format!("{dec_roof:.2}x"),
                         format!("{:.2}", dec_speedup / dec_roof),
+                        format!(
+                            "{dec_roof_flops:.2}x / {:.2}",
+                            if interleaved_decode.is_empty() {
+                                dec_speedup
+                            } else {
+                                super::percentile(&interleaved_decode, 50.0)
+                            } / dec_roof_flops
+                        ),
                         format!("{roof_pf:.2}x / {frac_pf:.2}"),
                         match draft_ms_tok {
                             Some(ms) => format!("{ms:.2}/{target_ms:.2}"),
@@ -853,6 +880,14 @@ fn run_target(
                     run_json["roofline_speedup_prefill_as_plain"] = json!(roof_pf);
                     run_json["measured_over_roofline_prefill_as_plain"] = json!(frac_pf);
                     run_json["interleaved_plain_aa"] = json!(aa_inter);
+                    run_json["decode_roofline_speedup_with_flops"] = json!(dec_roof_flops);
+                    run_json["decode_measured_over_roofline_with_flops"] =
+                        json!(dec_speedup / dec_roof_flops);
+                    run_json["interleaved_decode_measured_over_roofline_with_flops"] =
+                        json!((!interleaved_decode.is_empty()).then(|| {
+                            super::percentile(&interleaved_decode, 50.0) / dec_roof_flops
+                        }));
+                    run_json["plain_decode_ideal_over_measured"] = json!(plain_dec_of_ideal);
                     run_json["plain_weights_huge_page_fraction"] = json!(plain
                         .pages
                         .filter(|p| p.mappings > 0)
@@ -896,6 +931,7 @@ fn run_target(
             "spec decode tok/s",
             "decode roofline",
             "dec meas/roof",
+            "dec roofline w/ FLOPs / meas/roof",
             "roofline / meas/roof, prefill as plain",
             "draft ms/tok / step ms",
             "identical",
