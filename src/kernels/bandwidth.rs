@@ -96,12 +96,12 @@ pub fn measure_peak_flops(reps: usize) -> f64 {
 pub fn measure_peak_dot_flops(reps: usize) -> f64 {
     let isa = Isa::current();
     #[cfg(target_arch = "x86_64")]
-    if isa.bf16_dot() || isa.amx() {
+    if (isa.bf16_dot() || isa.amx()) && is_x86_feature_detected!("avx512bf16") {
         let mut best = f64::INFINITY;
         let mut threads = 1;
         for _ in 0..reps.max(1) {
             let t = Instant::now();
-            // SAFETY: bf16_dot / amx levels are chosen only where AVX512-BF16 was detected.
+            // SAFETY: AVX512-BF16 (and so AVX-512F) was detected just above.
             let r = rayon::broadcast(|_| unsafe { dot_chains_avx512bf16(FLOP_ITERS) });
             black_box(r);
             best = best.min(t.elapsed().as_secs_f64());

@@ -245,7 +245,9 @@ impl Model {
 /// Weight bytes and multiply-adds of part of one token's forward.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Work {
+    /// Weight bytes read.
     pub bytes: usize,
+    /// Multiply-adds per token (one per weight element a token is multiplied by).
     pub macs: usize,
 }
 
@@ -266,6 +268,7 @@ impl Work {
         self.bytes += len * 4;
         self.macs += len;
     }
+    /// Another part's work added to this one.
     pub fn add(&mut self, o: Work) {
         self.bytes += o.bytes;
         self.macs += o.macs;
