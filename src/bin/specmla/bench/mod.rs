@@ -27,10 +27,12 @@ mod pairwise;
 mod random_model;
 mod roofline;
 mod spec_bench;
+mod spec_runs;
 mod swap_bench;
 mod ttft_bench;
 mod v32_bench;
 mod v4_bench;
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -18,7 +18,7 @@ use specmla::kv::KvDtype;
 use specmla::spec::SpecMode;
 use specmla::{Error, Result};
 
-use super::spec_bench::{load_workload, WorkItem};
+use super::workload::{load_workload, WorkItem};
 use super::{percentile, progress, table, BenchArgs, Section};
 
 /// Keeps `batch` requests running by resubmitting workload prompts round-robin.
