@@ -74,17 +74,22 @@ const FLOP_ITERS: usize = 1 << 22;
 /// best of `reps`.
 pub fn measure_peak_flops(reps: usize) -> f64 {
     let isa = Isa::current();
-    let mut best = f64::INFINITY;
-    let mut threads = 1;
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        let r = rayon::broadcast(|_| fma_chains(isa, FLOP_ITERS));
-        black_box(r);
-        best = best.min(t.elapsed().as_secs_f64());
-        threads = rayon::current_num_threads();
-    }
+    let (threads, best) = best_broadcast_secs(reps, || fma_chains(isa, FLOP_ITERS));
     let lanes = if isa.avx512() { 16 } else { 8 };
     (threads * FLOP_ITERS * CHAINS * lanes * 2) as f64 / best
+}
+
+/// The pool's thread count and the best of `reps` wall times of `chains` run on every pool
+/// thread at once (the peak probes' timing).
+fn best_broadcast_secs(reps: usize, chains: impl Fn() -> f32 + Sync) -> (usize, f64) {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let r = rayon::broadcast(|_| chains());
+        black_box(r);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (rayon::current_num_threads(), best)
 }
 
 /// Peak FLOP/s (two per multiply-add) of the multiply-adds the bf16 weight matmuls run on at the
@@ -97,16 +102,9 @@ pub fn measure_peak_dot_flops(reps: usize) -> f64 {
     let isa = Isa::current();
     #[cfg(target_arch = "x86_64")]
     if (isa.bf16_dot() || isa.amx()) && is_x86_feature_detected!("avx512bf16") {
-        let mut best = f64::INFINITY;
-        let mut threads = 1;
-        for _ in 0..reps.max(1) {
-            let t = Instant::now();
-            // SAFETY: AVX512-BF16 (and so AVX-512F) was detected just above.
-            let r = rayon::broadcast(|_| unsafe { dot_chains_avx512bf16(FLOP_ITERS) });
-            black_box(r);
-            best = best.min(t.elapsed().as_secs_f64());
-            threads = rayon::current_num_threads();
-        }
+        // SAFETY: AVX512-BF16 (and so AVX-512F) was detected just above.
+        let (threads, best) =
+            best_broadcast_secs(reps, || unsafe { dot_chains_avx512bf16(FLOP_ITERS) });
         return (threads * FLOP_ITERS * CHAINS * 32 * 2) as f64 / best;
     }
     let _ = isa;

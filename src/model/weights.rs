@@ -307,10 +307,15 @@ impl Expert {
 }
 
 impl Indexer {
-    /// Bytes of its three matrices (an upper bound of what a step reads: the index queries and
-    /// weights are only formed once a context exceeds `index_topk`).
-    pub fn nbytes(&self) -> usize {
-        self.wq_b.nbytes() + self.wk.nbytes() + self.weights_proj.nbytes()
+    /// Its three matrices' bytes and multiply-adds per token (an upper bound of what a step
+    /// reads: the index queries and weights are only formed once a context exceeds
+    /// `index_topk`).
+    pub fn work(&self) -> Work {
+        let mut w = Work::default();
+        [&self.wq_b, &self.wk, &self.weights_proj]
+            .into_iter()
+            .for_each(|m| w.matrix(m));
+        w
     }
 }
 
@@ -336,9 +341,7 @@ impl DecoderLayer {
             w.matrix(m);
         }
         if let Some(ix) = &a.indexer {
-            [&ix.wq_b, &ix.wk, &ix.weights_proj]
-                .into_iter()
-                .for_each(|m| w.matrix(m));
+            w.add(ix.work());
         }
         if mha {
             w.matrix(&a.kv_b_proj);
