@@ -236,14 +236,7 @@ impl Core {
         if st.n_decode < 2 || !self.drafter_has_model() {
             return false;
         }
-        let mut dry = StepDrafts {
-            sharing: SHARED_BY_GROUP,
-            sharing_far: SHARED_BY_GROUP,
-            explorers: usize::MAX,
-            explore: false,
-            catch_ups: CatchUpBudget::unlimited(),
-            ..st.clone()
-        };
+        let mut dry = st.unpaced(SHARED_BY_GROUP);
         self.dry_run(&mut dry);
         group_pays(dry.saving, fixed, dry.positions)
     }
@@ -384,17 +377,8 @@ impl Core {
                 st.sharing = SHARED_BY_GROUP;
                 st.sharing_far = SHARED_BY_GROUP;
             } else {
-                st.sharing_far = sharing_fixed_point(n_decode, |sharing| {
-                    let mut dry = StepDrafts {
-                        sharing,
-                        sharing_far: sharing,
-                        explorers: usize::MAX,
-                        explore: false,
-                        catch_ups: CatchUpBudget::unlimited(),
-                        ..st.clone()
-                    };
-                    self.dry_run(&mut dry)
-                });
+                st.sharing_far =
+                    sharing_fixed_point(n_decode, |sharing| self.dry_run(&mut st.unpaced(sharing)));
                 st.sharing = sharing_fixed_point(n_decode, |sharing| {
                     self.dry_run(&mut StepDrafts {
                         sharing,
@@ -551,4 +535,20 @@ struct StepDrafts {
     /// the most draft positions any of them takes (draft forwards run).
     saving: f64,
     positions: usize,
+}
+
+impl StepDrafts {
+    /// This state with nothing pacing the starts (no ramp cap, no explorer, no catch-up
+    /// allowance) and the draft forward priced as shared by `sharing`: the steady drafting a
+    /// start is for (starters' pricing, and the group test at [`SHARED_BY_GROUP`]).
+    fn unpaced(&self, sharing: usize) -> StepDrafts {
+        StepDrafts {
+            sharing,
+            sharing_far: sharing,
+            explorers: usize::MAX,
+            explore: false,
+            catch_ups: CatchUpBudget::unlimited(),
+            ..self.clone()
+        }
+    }
 }
