@@ -145,6 +145,9 @@ fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "avx2-tiles") {
+        return avx2_token_tiles();
+    }
     if std::env::args().any(|a| a == "smalln") {
         return small_n(1536, 1536, 32);
     }
@@ -548,4 +551,94 @@ fn prefetch_hints() {
         PrefetchHint::detect(),
         PrefetchHint::detect_tiles()
     );
+}
+
+/// `cargo bench --bench kernels -- avx2-tiles`: the AVX2 direct path's token tiles, 4 rows x 3
+/// tokens everywhere (`set_avx2_token_tiles(Some(false))`) against the default rule (3 rows x 4
+/// tokens at n mod 4 = 0 or 3), alternated for 9 rounds on the widened target's shapes (about
+/// 150 MB of bf16 per walk) at n = 4..9 and 16, 2 threads: median time relative to one token
+/// and the rounds the rule won. Outputs compared bitwise. Skipped without AVX2.
+#[cfg(target_arch = "x86_64")]
+fn avx2_token_tiles() {
+    use specmla::kernels::set_avx2_token_tiles;
+    let Some(isa) = Isa::available()
+        .into_iter()
+        .find(|i| format!("{i}") == "avx2")
+    else {
+        println!("no avx2 level on this CPU");
+        return;
+    };
+    let p = pool_isa(2, isa);
+    let shapes = [
+        (1536usize, 1536usize, 32u64),
+        (768, 1536, 64),
+        (1536, 768, 64),
+        (12288, 1536, 4),
+        (1536, 12288, 4),
+        (6144, 1536, 8),
+        (1536, 6144, 8),
+    ];
+    for (rows, cols, count) in shapes {
+        let ws: Vec<Matrix> = (0..count)
+            .map(|e| bf16_matrix(200 + e, rows, cols))
+            .collect();
+        let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
+        let x1: Vec<f32> = activations(5, cols); // [1, cols]
+        let mut y1 = vec![0.0f32; rows]; // [1, rows]
+        for n in [4usize, 5, 6, 7, 8, 9, 16] {
+            let x: Vec<f32> = activations(5, n * cols); // [n, cols]
+            let mut y = vec![0.0f32; n * rows]; // [n, rows]
+            let walk = |fours: Option<bool>, y: &mut [f32]| {
+                set_avx2_token_tiles(fours);
+                p.install(|| {
+                    best_of(2, || {
+                        for w in &ws {
+                            matmul(w, black_box(&x), n, y);
+                        }
+                    })
+                })
+            };
+            let (mut threes, mut rule, mut one) = (Vec::new(), Vec::new(), Vec::new());
+            let mut wins = 0;
+            let mut y_threes = vec![0.0f32; n * rows];
+            for _ in 0..9 {
+                one.push(p.install(|| {
+                    best_of(2, || {
+                        for w in &ws {
+                            matmul(w, black_box(&x1), 1, &mut y1);
+                        }
+                    })
+                }));
+                let ta = walk(Some(false), &mut y_threes);
+                let tb = walk(None, &mut y);
+                assert!(
+                    y.iter()
+                        .zip(&y_threes)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "token tiles changed bits at {rows}x{cols} n={n}"
+                );
+                wins += usize::from(tb < ta);
+                threes.push(ta);
+                rule.push(tb);
+            }
+            set_avx2_token_tiles(None);
+            let med = |v: &mut Vec<f64>| {
+                v.sort_by(|a, b| a.total_cmp(b));
+                v[v.len() / 2]
+            };
+            let (ta, tb, t1) = (med(&mut threes), med(&mut rule), med(&mut one));
+            println!(
+                "{rows:5}x{cols:5} n={n:2}: 4x3 {:.2}x n=1 ({:5.1} GB/s), rule {:.2}x ({:5.1} GB/s), rule won {wins}/9",
+                ta / t1,
+                bytes as f64 / ta / 1e9,
+                tb / t1,
+                bytes as f64 / tb / 1e9
+            );
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx2_token_tiles() {
+    println!("no avx2 level on this CPU");
 }

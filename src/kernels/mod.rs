@@ -46,6 +46,8 @@ mod weighted_sum;
 
 pub use bandwidth::{measure_peak_dot_flops, measure_peak_flops, measure_read_bandwidth};
 pub use cache_info::{last_level_cache_bytes, stays_cached};
+#[cfg(target_arch = "x86_64")]
+pub use gemm::set_avx2_token_tiles;
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};

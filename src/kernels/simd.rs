@@ -65,7 +65,9 @@ pub(crate) unsafe fn hsum8(a: __m256) -> f32 {
 }
 
 /// Register tile: MR weight rows x NR token rows, `nchunks` 8-column chunks, accumulating into
-/// `acc[i][j]` (row i, token j). Row i of the weights starts at `w + i * ws`, token j at
+/// `acc[i][j]` (row i, token j); the operand with fewer registers' worth is the one held (the
+/// MR decoded rows where MR < NR, else the NR token chunks), so 16 ymm registers hold 4 x 3 and
+/// 3 x 4 without spilling. Row i of the weights starts at `w + i * ws`, token j at
 /// `x + j * xs`. With `PF` (weights streamed from memory: the direct paths) it also prefetches
 /// the NEXT MR rows at the same column offsets, one line per row per 64 bytes, as
 /// [`gemv_prefetch`] does; prefetches never change results.
@@ -88,6 +90,22 @@ pub(crate) unsafe fn tile<T: WLoad, const MR: usize, const NR: usize, const PF: 
             for i in 0..MR {
                 prefetch_line(w.wrapping_add((MR + i) * ws + off) as *const i8, l2);
             }
+        }
+        if MR < NR {
+            // More tokens than rows (3 x 4): the decoded rows stay in registers and each
+            // token's chunk is loaded once and used at once by every row (MR x NR + MR + 1
+            // registers); else the tokens' chunks stay and each row is decoded once.
+            let mut wv = [_mm256_setzero_ps(); MR];
+            for (i, v) in wv.iter_mut().enumerate() {
+                *v = T::load8(w.add(i * ws + off));
+            }
+            for j in 0..NR {
+                let xv = _mm256_loadu_ps(x.add(j * xs + off));
+                for (ai, wi) in a.iter_mut().zip(&wv) {
+                    ai[j] = _mm256_fmadd_ps(*wi, xv, ai[j]);
+                }
+            }
+            continue;
         }
         let mut xv = [_mm256_setzero_ps(); NR];
         for (j, v) in xv.iter_mut().enumerate() {

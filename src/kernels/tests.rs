@@ -308,6 +308,55 @@ fn batch_invariance_bitwise_simd() {
     }
 }
 
+/// The AVX2 direct path's token tiles (4 rows x 3 tokens, 3 rows x 4 tokens, and the rule that
+/// picks between them per token block: `gemm/avx2.rs`) are the same bits: every n of 2..=17 and
+/// 26..=30 (a full 24-token block then a tail) under each choice, against one token through the
+/// default rule, for every kind, row tails of 1 and 2 after the 3-row and 4-row tiles, on 1 and
+/// 3 threads. The choice is process-wide, and other tests running meanwhile see the same bits
+/// whichever is in force.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_token_tiles_are_the_same_bits() {
+    use super::set_avx2_token_tiles;
+    let Some(isa) = Isa::available()
+        .into_iter()
+        .find(|i| i.simd() && !i.avx512())
+    else {
+        return; // no AVX2 level on this CPU
+    };
+    let ns: Vec<usize> = (2..=17).chain(26..=30).collect();
+    for kind in KINDS {
+        for (rows, cols) in [(37, 141), (74, 1030), (13, 2112)] {
+            let mut rng = Rng(0x3a4 ^ (rows * 1000 + cols) as u64);
+            let w = random_matrix(&mut rng, kind, rows, cols);
+            let wr = WRef::of(&w);
+            for threads in [1, 3] {
+                pool(threads).install(|| {
+                    for &n in &ns {
+                        let x = rng.vec(n * cols); // [n, cols]
+                        let mut want = vec![0.0f32; n * rows]; // [n, rows]
+                        set_avx2_token_tiles(None);
+                        matmul_with(isa, wr, rows, cols, &x, n, &mut want);
+                        for fours in [Some(false), Some(true)] {
+                            let mut y = vec![0.0f32; n * rows]; // [n, rows]
+                            set_avx2_token_tiles(fours);
+                            matmul_with(isa, wr, rows, cols, &x, n, &mut y);
+                            set_avx2_token_tiles(None);
+                            for (i, (a, b)) in y.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{kind:?} {rows}x{cols} n={n} {fours:?} threads={threads} element {i}"
+                                );
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
 /// The 1..6-token products of a matrix marked cache-resident (`Matrix::cache_resident`: several
 /// rows per register tile on avx512bf16) are the same bits as unmarked, on every ISA, through
 /// `matmul` and `matmul_many` (one token), on 1..3 threads: row counts that leave tails of

@@ -48,7 +48,8 @@ impl Job<'_> {
 
     /// Few tokens (memory-bound): decode weights on the fly into register tiles that hold their
     /// accumulators over the whole row — n = 1: 8 rows (bf16, f16, fp8: 4); else 4 rows x 3 tokens
-    /// (fp8: 2 x 3). A row tile's weights are re-read from cache for each token tile.
+    /// (fp8: 2 x 3), or 3 rows x 4 tokens where [`four_token_tiles`] says. A row tile's weights
+    /// are re-read from cache for each token tile.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn direct_simd(&self, wr0: usize, r0: usize, out: &mut [f32], s: &mut Scratch) {
         use crate::kernels::simd::{direct, direct_fp8};
@@ -72,12 +73,16 @@ impl Job<'_> {
         };
         for tb0 in (0..n).step_by(DIRECT_TOKEN_BLOCK) {
             let tb1 = (tb0 + DIRECT_TOKEN_BLOCK).min(n);
+            // 3 rows x 4 tokens where the block splits into such tiles and at most one of 3
+            // tokens (see [`four_token_tiles`]); else 4 rows x 3 tokens.
+            let fours = n > 1 && !fp8 && four_token_tiles(tb1 - tb0);
+            let (mr_max, nr_max) = if fours { (3, 4) } else { (mr_max, NR) };
             let mut i0 = 0;
             while i0 < nrows {
                 let mr = if nrows - i0 >= mr_max { mr_max } else { 1 };
                 let mut t0 = tb0;
                 while t0 < tb1 {
-                    let nr = NR.min(tb1 - t0);
+                    let nr = nr_max.min(tb1 - t0);
                     let xp = x.add(t0 * cols);
                     let op = o.add(i0 * n + t0);
                     macro_rules! go {
@@ -119,15 +124,15 @@ impl Job<'_> {
                         }
                         WRef::F32(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, f32; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, f32; 8, 1; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         WRef::Bf16(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, u16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, u16; 8, 1; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         WRef::F16(d) => {
                             let p = d.as_ptr().add((wr0 + i0) * cols);
-                            go!(p, half::f16; 8, 1; 4, 3; 4, 2; 4, 1; 1, 3; 1, 2; 1, 1)
+                            go!(p, half::f16; 8, 1; 4, 3; 4, 2; 4, 1; 3, 4; 3, 3; 3, 2; 3, 1; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
                         // One token, 4-row tiles, AVX512-VBMI: two rows per register.
                         WRef::Fp8 {
@@ -253,4 +258,40 @@ unsafe fn tile_dyn(
         };
     }
     go!(4, 3; 4, 2; 4, 1; 3, 3; 3, 2; 3, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1)
+}
+
+/// Whether a direct-path token block of `nb` tokens (f32 / bf16 / f16 weights) runs in tiles of
+/// 3 rows x 4 tokens (the rows' decoded chunks held in registers, each token's chunk loaded once
+/// for the three rows: `simd::tile` with MR < NR) instead of 4 rows x 3 tokens: where the block
+/// is 4 or more tokens and splits into 4-token tiles and at most one 3-token tile (n mod 4 = 0
+/// or 3). Measured on AMD EPYC Zen 3 (AVX2, no AVX-512; docs/BENCHMARKS.md "Three rows by four
+/// tokens"), alternated in one process on seven of the widened target's shapes: 3 x 4 won 8-9 of
+/// 9 rounds at n = 4 (1.03-1.50x of one token's time against 1.18-1.81x), 6-9 of 9 at n = 7, 8
+/// and 16, and lost at n = 5, 6 and 9, where it leaves a 1- or 2-token tile of three rows (0-4
+/// of 9). The same bits either way: tiles only choose which elements are computed together.
+/// [`set_avx2_token_tiles`] overrides the rule for the whole process.
+fn four_token_tiles(nb: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    match TOKEN_TILES.load(Ordering::Relaxed) {
+        TILES_THREES => false,
+        TILES_FOURS => nb >= 4,
+        _ => nb >= 4 && matches!(nb % 4, 0 | 3),
+    }
+}
+
+const TILES_AUTO: u8 = 0;
+const TILES_THREES: u8 = 1;
+const TILES_FOURS: u8 = 2;
+static TOKEN_TILES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(TILES_AUTO);
+
+/// Choose the AVX2 direct path's token tiles for the whole process: `None` the measured rule
+/// ([`four_token_tiles`]), `Some(false)` always 4 rows x 3 tokens, `Some(true)` 3 rows x 4 tokens
+/// at every block of 4 or more tokens. Results are the same either way; only speed changes.
+pub fn set_avx2_token_tiles(fours: Option<bool>) {
+    let v = match fours {
+        None => TILES_AUTO,
+        Some(false) => TILES_THREES,
+        Some(true) => TILES_FOURS,
+    };
+    TOKEN_TILES.store(v, std::sync::atomic::Ordering::Relaxed);
 }

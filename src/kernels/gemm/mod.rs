@@ -7,7 +7,8 @@
 //! row blocks (rayon tasks when the product is large enough); inside a block:
 //! - n <= `DIRECT_MAX_TOKENS` (decode, speculative verification, small prefill chunks): weights
 //!   are decoded on the fly into register tiles — 8 rows x 1 token (bf16, f16, fp8: 4) for GEMV, 4 rows x
-//!   3 tokens (fp8: 2 x 3) otherwise — that keep their accumulators for the whole row;
+//!   3 tokens (fp8: 2 x 3) otherwise, or 3 rows x 4 tokens at some token counts (`avx2.rs`) —
+//!   that keep their accumulators for the whole row;
 //! - larger n (prefill): weights are decoded once per column block into an f32 panel, and
 //!   `MR` x `NR` register tiles sweep it; each element's 8-lane accumulator lives in a scratch
 //!   buffer between column blocks (a store and reload is exact, so the order is unchanged).
@@ -26,6 +27,8 @@ use rayon::prelude::*;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub use avx2::set_avx2_token_tiles;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
