@@ -77,7 +77,7 @@ impl LinearCost {
 /// over the steps without drafts (x = requests) and per_draft the through-origin slope of the
 /// drafting steps' time beyond plain(b) — both per decode-batch class (the guard's: 1, 2, 3-4,
 /// 5-8, 9-16, 17+ requests). A class's plain line borrows the all-classes slope until it has
-/// its own; its draft price starts from a prior of [`DRAFT_PRIOR_SHARE`] x the request's share
+/// its own; its draft price starts from a prior of [`draft_prior_share`] x the request's share
 /// of a plain step at that batch ([`DRAFT_PRIOR_WEIGHT`] drafted tokens' weight), never from
 /// another class's drafts: a drafted token is cheap at batch 16 (the step's experts are loaded
 /// anyway) and dear at batch 2-4, so the all-classes price that a class borrowed before it
@@ -109,6 +109,15 @@ struct DraftPrice {
 }
 
 impl DraftPrice {
+    /// One drafting step whose `drafts` drafted tokens took `extra_secs` beyond the plain line,
+    /// which the caller bounds to [0, a request's share per drafted token]. Below zero is noise
+    /// by construction — drafted tokens are more work in the same step, they never make it
+    /// faster — and at batch 16 noise is most of a small drafting step (plain steps vary by +-3
+    /// ms, a drafted token costs ~1.3 ms on AMD EPYC Zen 4): one MTP step timed below the plain
+    /// line pulled the class's price to 0.0-0.36 ms, its group test then passed, and the MTP
+    /// layer drafted at a loss (0.965x of plain, traced in docs/BENCHMARKS.md "A roofline with
+    /// FLOPs"). Counted as zero it still weighs its drafted tokens towards a low price, but not
+    /// below nothing.
     fn observe(&mut self, drafts: usize, extra_secs: f64) {
         let x = drafts as f64;
         self.sxy = self.sxy * LinearCost::DECAY + x * extra_secs;
@@ -124,10 +133,29 @@ impl DraftPrice {
 
 /// A batch class's drafted-token price before its own drafting steps: this share of the
 /// request's share of a plain step (plain(b) / b) — at batch 1 a quarter of a step, what the
-/// widened target's drafted token measured there. Half a share was tried: it kept the model
-/// drafters from drafting often enough at batch 4 to learn their real price (draft-weak adaptive
-/// 1.01-1.04x where fixed k = 1 gave 1.21-1.28x; a quarter: 1.05-1.07x).
+/// widened target's drafted token measured there. Half a share was tried at every batch: it kept
+/// the model drafters from drafting often enough at batch 4 to learn their real price
+/// (draft-weak adaptive 1.01-1.04x where fixed k = 1 gave 1.21-1.28x; a quarter: 1.05-1.07x).
+/// Batches of 9 or more start from [`DRAFT_PRIOR_SHARE_LARGE`] instead.
 pub const DRAFT_PRIOR_SHARE: f64 = 0.25;
+/// The prior share of batch classes 9-16 and 17+: half a share. There a drafted token is one
+/// more token through products that every token's multiply-adds already keep busy, so it costs
+/// about what a request's own token does, less the weights it shares: measured 0.5-0.65 of a
+/// share at batch 16 on AMD EPYC Zen 4 (traced steps), ~0.55 on Zen 3 (the fixed k = 1 rows'
+/// step costs, docs/BENCHMARKS.md "An AVX2-only CPU"). A quarter of a share there let a class
+/// price drafting at half its cost until measured otherwise — the MTP layer's group test passed
+/// on such a price and drafted at a loss at batch 16.
+pub const DRAFT_PRIOR_SHARE_LARGE: f64 = 0.5;
+
+/// The prior share ([`DRAFT_PRIOR_SHARE`] or [`DRAFT_PRIOR_SHARE_LARGE`]) of a step of `requests`
+/// decode requests.
+pub fn draft_prior_share(requests: usize) -> f64 {
+    if requests > 8 {
+        DRAFT_PRIOR_SHARE_LARGE
+    } else {
+        DRAFT_PRIOR_SHARE
+    }
+}
 /// Weight of that prior in drafted tokens (four steps of one draft each): a plain step at batch
 /// 4 varies by +-1.5 ms from one step to the next on the widened target, more than a drafted
 /// token costs, so one step's excess must not set the price alone.
@@ -177,9 +205,10 @@ impl TargetCost {
             self.plain_all.observe(requests, seconds);
             self.plain[c].observe(requests, seconds);
         } else if let Some(p) = self.plain_at(requests) {
-            // At most a request's share per drafted token (see [`DRAFT_MAX_SHARE`]).
+            // At most a request's share per drafted token (see [`DRAFT_MAX_SHARE`]), and never
+            // less than nothing (see [`DraftPrice::observe`]).
             let cap = DRAFT_MAX_SHARE * drafts as f64 * p / requests.max(1) as f64;
-            self.draft[c].observe(drafts, (seconds - p).min(cap));
+            self.draft[c].observe(drafts, (seconds - p).clamp(0.0, cap));
         }
     }
 
@@ -199,12 +228,12 @@ impl TargetCost {
     }
 
     /// The price of drafting in a step of `requests` decode requests: its plain share, and per
-    /// drafted token the class's measured price, drawn towards [`DRAFT_PRIOR_SHARE`] x share
+    /// drafted token the class's measured price, drawn towards [`draft_prior_share`] x share
     /// while its drafting steps are few. None before any plain step was timed.
     pub fn price(&self, requests: usize) -> Option<StepPrice> {
         let b = requests.max(1);
         let share = self.plain_at(b)? / b as f64;
-        let prior = DRAFT_PRIOR_SHARE * share;
+        let prior = draft_prior_share(b) * share;
         Some(StepPrice {
             share,
             per_draft: self.draft[crate::spec::guard::class_of(b)].per_draft(prior),

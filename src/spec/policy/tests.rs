@@ -80,9 +80,10 @@ fn target_cost_prices_requests_and_drafts_per_class() {
     let p = t.price(16).unwrap();
     let share16 = 0.010 / 16.0 + 0.0005;
     assert!((p.share - share16).abs() < 1e-9, "{p:?}");
-    // seven drafts of 1 ms against the prior (DRAFT_PRIOR_WEIGHT drafts at its price)
+    // seven drafts of 1 ms against the prior (DRAFT_PRIOR_WEIGHT drafts at its price: half a
+    // share at batches of 9 or more)
     let w = DRAFT_PRIOR_WEIGHT;
-    let want = (0.007 * 7.0 + w * DRAFT_PRIOR_SHARE * share16) / (49.0 + w);
+    let want = (0.007 * 7.0 + w * DRAFT_PRIOR_SHARE_LARGE * share16) / (49.0 + w);
     assert!((p.per_draft - want).abs() < 1e-12, "{p:?}");
     assert!((p.per_draft - 0.001).abs() < 1e-4, "{p:?}");
     assert!(t.has_slope());
@@ -130,7 +131,8 @@ fn draft_price_counts_at_most_a_share_per_draft() {
     t.observe(16, 19, 0.062);
     let share = 0.002;
     let w = DRAFT_PRIOR_WEIGHT;
-    let want = (3.0 * DRAFT_MAX_SHARE * 3.0 * share + w * DRAFT_PRIOR_SHARE * share) / (9.0 + w);
+    let want =
+        (3.0 * DRAFT_MAX_SHARE * 3.0 * share + w * DRAFT_PRIOR_SHARE_LARGE * share) / (9.0 + w);
     let p = t.price(16).unwrap();
     assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
     assert!(p.per_draft <= share, "{p:?}");
@@ -140,7 +142,52 @@ fn draft_price_counts_at_most_a_share_per_draft() {
     let d = LinearCost::DECAY;
     let sxy = (3.0 * 0.006) * d + 16.0 * 16.0 * 0.0012;
     let sxx = 9.0 * d + 256.0;
-    let want = (sxy + w * DRAFT_PRIOR_SHARE * share) / (sxx + w);
+    let want = (sxy + w * DRAFT_PRIOR_SHARE_LARGE * share) / (sxx + w);
+    assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+}
+
+/// Before a class drafts, its drafted token is priced at a quarter of a request's share up to
+/// batch 8 and at half a share from batch 9 (where a drafted token measured 0.5-0.65 of a share).
+#[test]
+fn draft_prior_is_half_a_share_from_batch_nine() {
+    let mut t = TargetCost::default();
+    for b in [4, 8, 9, 16] {
+        t.observe(b, b, 0.020 + 0.001 * b as f64);
+    }
+    for (b, prior) in [(4, 0.25), (8, 0.25), (9, 0.5), (16, 0.5), (40, 0.5)] {
+        let p = t.price(b).unwrap();
+        assert!(
+            (p.per_draft - prior * p.share).abs() < 1e-12,
+            "batch {b}: {p:?}"
+        );
+    }
+}
+
+/// A drafting step timed below the plain line counts as a zero extra cost, not a negative one:
+/// at batch 16 one such step (noise: plain steps swing by more than a drafted token costs) must
+/// not pull the class's price below what its other drafting steps and the prior say.
+#[test]
+fn draft_price_never_counts_a_step_below_the_plain_line() {
+    let mut t = TargetCost::default();
+    // batch 16: 32 ms plain steps (a 2 ms share)
+    for _ in 0..3 {
+        t.observe(16, 16, 0.032);
+    }
+    let share = 0.002;
+    let w = DRAFT_PRIOR_WEIGHT;
+    // two drafts timed 4 ms faster than the plain line: counted as 0, not -4 ms
+    t.observe(16, 18, 0.028);
+    let want = (0.0 + w * DRAFT_PRIOR_SHARE_LARGE * share) / (4.0 + w);
+    let p = t.price(16).unwrap();
+    assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
+    assert!(p.per_draft > 0.2 * DRAFT_PRIOR_SHARE_LARGE * share, "{p:?}");
+    // counted at -4 ms the price would have been clamped to zero
+    assert!((-0.004 * 2.0 + w * DRAFT_PRIOR_SHARE_LARGE * share) / (4.0 + w) <= 0.0);
+    // then four drafts at 1.3 ms each: the price follows them
+    let d = LinearCost::DECAY;
+    t.observe(16, 20, 0.032 + 4.0 * 0.0013);
+    let want = (4.0 * (4.0 * 0.0013) + w * DRAFT_PRIOR_SHARE_LARGE * share) / (4.0 * d + 16.0 + w);
+    let p = t.price(16).unwrap();
     assert!((p.per_draft - want).abs() < 1e-12, "{p:?} want {want}");
 }
 
