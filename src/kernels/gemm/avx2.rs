@@ -264,8 +264,8 @@ unsafe fn tile_dyn(
 /// 3 rows x 4 tokens (the rows' decoded chunks held in registers, each token's chunk loaded once
 /// for the three rows: `simd::tile` with MR < NR) instead of 4 rows x 3 tokens: where the block
 /// is 4 or more tokens and splits into 4-token tiles and at most one 3-token tile (n mod 4 = 0
-/// or 3). Measured on AMD EPYC Zen 3 (AVX2, no AVX-512; docs/BENCHMARKS.md "Three rows by four
-/// tokens"), alternated in one process on seven of the widened target's shapes: 3 x 4 won 8-9 of
+/// or 3). Measured on AMD EPYC Zen 3 (AVX2, no AVX-512; docs/BENCHMARKS.md "An AVX2-only
+/// CPU"), alternated in one process on seven of the widened target's shapes: 3 x 4 won 8-9 of
 /// 9 rounds at n = 4 (1.03-1.50x of one token's time against 1.18-1.81x), 6-9 of 9 at n = 7, 8
 /// and 16, and lost at n = 5, 6 and 9, where it leaves a 1- or 2-token tile of three rows (0-4
 /// of 9). The same bits either way: tiles only choose which elements are computed together.
