@@ -208,7 +208,9 @@ impl TargetCost {
             // At most a request's share per drafted token (see [`DRAFT_MAX_SHARE`]), and never
             // less than nothing (see [`DraftPrice::observe`]).
             let cap = DRAFT_MAX_SHARE * drafts as f64 * p / requests.max(1) as f64;
-            self.draft[c].observe(drafts, (seconds - p).clamp(0.0, cap));
+            // (min then max, not clamp: a plain line extrapolated below zero gives a negative
+            // cap, which must count as zero, not panic)
+            self.draft[c].observe(drafts, (seconds - p).min(cap).max(0.0));
         }
     }
 
