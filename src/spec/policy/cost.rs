@@ -216,7 +216,8 @@ impl TargetCost {
 
     /// Predicted seconds of a plain step of `requests` decode requests: the class's line, or,
     /// while its plain steps had one batch size (always so for batches 1 and 2), their mean
-    /// moved along the all-classes slope.
+    /// moved along the all-classes slope — for fewer requests than that mean, never below their
+    /// proportional part of it.
     pub fn plain_at(&self, requests: usize) -> Option<f64> {
         let c = &self.plain[crate::spec::guard::class_of(requests)];
         if c.has_slope() {
@@ -226,7 +227,17 @@ impl TargetCost {
             return self.plain_all.predict(requests);
         };
         let slope = self.plain_all.fit().map_or(0.0, |f| f.1);
-        Some(my + slope * (requests as f64 - mx))
+        let moved = my + slope * (requests as f64 - mx);
+        // A smaller batch costs at least its requests' part of the mean step (the fixed part
+        // of a step does not shrink with the batch): a steep all-classes slope moved below that
+        // — below zero even, where batch-32 steps priced a batch 9 from batch 16's mean — is
+        // not this class's cost.
+        let x = requests as f64;
+        Some(if x < mx {
+            moved.max(my * x / mx)
+        } else {
+            moved
+        })
     }
 
     /// The price of drafting in a step of `requests` decode requests: its plain share, and per
