@@ -75,7 +75,7 @@ impl Job<'_> {
             let tb1 = (tb0 + DIRECT_TOKEN_BLOCK).min(n);
             // 3 rows x 4 tokens where the block splits into such tiles and at most one of 3
             // tokens (see [`four_token_tiles`]); else 4 rows x 3 tokens.
-            let fours = n > 1 && !fp8 && four_token_tiles(tb1 - tb0);
+            let fours = !fp8 && four_token_tiles(tb1 - tb0);
             let (mr_max, nr_max) = if fours { (3, 4) } else { (mr_max, NR) };
             let mut i0 = 0;
             while i0 < nrows {

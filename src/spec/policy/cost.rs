@@ -148,9 +148,10 @@ pub const DRAFT_PRIOR_SHARE: f64 = 0.25;
 pub const DRAFT_PRIOR_SHARE_LARGE: f64 = 0.5;
 
 /// The prior share ([`DRAFT_PRIOR_SHARE`] or [`DRAFT_PRIOR_SHARE_LARGE`]) of a step of `requests`
-/// decode requests.
+/// decode requests: by batch class, as the price it seeds is kept (classes 9-16 and 17+ large).
 pub fn draft_prior_share(requests: usize) -> f64 {
-    if requests > 8 {
+    use crate::spec::guard::class_of;
+    if class_of(requests) >= class_of(9) {
         DRAFT_PRIOR_SHARE_LARGE
     } else {
         DRAFT_PRIOR_SHARE
