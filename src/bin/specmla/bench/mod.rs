@@ -27,6 +27,7 @@ mod pairwise;
 mod random_model;
 mod roofline;
 mod spec_bench;
+mod spec_cell;
 mod spec_runs;
 mod swap_bench;
 mod ttft_bench;
