@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use specmla::engine::EngineConfig;
+use specmla::engine::{DraftSource, EngineConfig};
 use specmla::model::TokenWork;
 use specmla::spec::SpecMode;
 use specmla::Result;
@@ -84,7 +84,7 @@ pub(super) fn measure(cx: &CellCtx, d: &Drafter, mode: SpecMode) -> Result<CellR
     for _ in 0..cx.paired {
         let p = run_once(
             cx.target,
-            specmla::engine::DraftSource::None,
+            DraftSource::None,
             cx.base,
             SpecMode::Fixed(0),
             cx.batch,
