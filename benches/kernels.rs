@@ -563,7 +563,7 @@ fn avx2_token_tiles() {
     use specmla::kernels::set_avx2_token_tiles;
     let Some(isa) = Isa::available()
         .into_iter()
-        .find(|i| format!("{i}") == "avx2")
+        .find(|i| i.simd() && !i.avx512())
     else {
         println!("no avx2 level on this CPU");
         return;
