@@ -46,9 +46,6 @@ pub(crate) struct Core {
     pub catch_up_s_per_row: Option<f64>,
     /// Whether the last step had drafts (the uninformed policy's explorer, see `schedule`).
     pub drafted_last_step: bool,
-    /// Steps of any kind since the last one with drafts (`schedule`'s idle drafter, which lets
-    /// the target reuse a whole cached prefix).
-    pub steps_since_drafts: u64,
     /// The informed policy's re-exploration (`schedule`): decode-only steps in a row in which
     /// nobody drafted, and how many such steps end in one exploring request.
     pub idle_draft_steps: u64,
@@ -119,7 +116,6 @@ impl Core {
         self.drafter_disabled = None;
         self.reset_acceptance();
         self.idle_draft_steps = 0;
-        self.steps_since_drafts = 0;
         self.explore_period = EXPLORE_EVERY;
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
@@ -186,11 +182,6 @@ impl Core {
             }
         }
         self.drafted_last_step = proposals.iter().any(|p| !p.tokens.is_empty());
-        self.steps_since_drafts = if self.drafted_last_step {
-            0
-        } else {
-            self.steps_since_drafts.saturating_add(1)
-        };
         let inputs = self.forward_inputs(&plan, &mut proposals);
         let out = self.forward(&plan, &inputs)?;
         self.hand_hidden(&plan, &inputs, &out.hidden);

@@ -249,7 +249,6 @@ impl Engine {
             catch_up_s_per_row: None,
             catch_up_round: None,
             drafted_last_step: false,
-            steps_since_drafts: 0,
             idle_draft_steps: 0,
             explore_period: crate::spec::policy::EXPLORE_EVERY,
             exploring: false,

@@ -20,11 +20,6 @@ use super::core::Core;
 use super::drafts::{choose_drafts, DraftContext};
 use super::request::{FaultSite, ReqState};
 
-/// Steps without drafts after which an adaptive drafter counts as idle for prefix reuse
-/// (`Core::drafter_idle`): longer than the guard's plain-rate learning and than a ramp's pause,
-/// far shorter than the explorer's period.
-const IDLE_STEPS_FOR_PREFIX: u64 = 8;
-
 /// What the scheduler decided for one running request this step.
 pub(super) struct Planned {
     /// Index into `running`.
@@ -106,19 +101,6 @@ impl Core {
     /// Whether the drafter can draft for `r` at all ([`Proposer::can_draft`]).
     fn drafter_can_draft(&self, r: &ReqState) -> bool {
         self.proposer.as_ref().is_some_and(|p| p.can_draft(r.id))
-    }
-
-    /// Whether an adaptive drafter has been idle for a while: no drafts in the last
-    /// [`IDLE_STEPS_FOR_PREFIX`] steps of any kind. A request admitted then reuses the target's
-    /// whole cached prompt prefix even where the drafter holds less of it (the MTP layer, which
-    /// holds the MTP KV only of the prompts it drafted for): the drafter then never drafts for
-    /// it (`Proposer::can_draft`), which costs nothing while drafting does not pay, and the
-    /// target skips recomputing the prefix. Traced on the widened target (MTP, batch 16, 50 %
-    /// budget): the 14th arrival recomputed a cached prefix the idle MTP layer did not hold,
-    /// +15-18 ms in a 2-second run.
-    fn drafter_idle(&self) -> bool {
-        matches!(self.cfg.spec, SpecMode::Adaptive { .. })
-            && self.steps_since_drafts >= IDLE_STEPS_FOR_PREFIX
     }
 
     /// The policy's explorer for this step: the first decode request that may draft and whose
@@ -456,15 +438,10 @@ impl Core {
                 let prompt = &r.tokens[..r.prompt_len];
                 let mut max = prompt.len().min(r.tokens.len() - 1);
                 // A reused prefix has no target hidden states: a drafter that needs them (MTP)
-                // restores its own state of the prefix, and the target reuses no more than that
-                // — unless the drafter is idle (`drafter_idle`).
-                let idle = self.drafter_idle();
+                // restores its own state of the prefix and skips what it lacks of it.
                 if let Some(p) = self.proposer.as_mut() {
                     p.admit(r.id, r.draft_arm);
-                    let held = p.match_prefix(r.id, prompt, max);
-                    if !idle {
-                        max = held;
-                    }
+                    max = p.match_prefix(r.id, prompt, max);
                 }
                 r.kv = self.kv.match_prefix(prompt, max);
                 if let Some(p) = self.proposer.as_mut() {

@@ -4,6 +4,9 @@
 //! serve the official weights: x_j = eh_proj([enorm(embed(t_{j+1})) | hnorm(h_j)]) — embedding
 //! first, the embedding zeroed at position 0 — then one decoder layer over the MTP layer's own
 //! latent cache at position j, logits = shared_head.head(shared_head.norm(x')) predict t_{j+2}.
+//! A drafter that skipped positions it has no target hidden states for (`spec::mtp`) writes its
+//! cache at positions shifted back by the skipped count; the embedding is zeroed at the absolute
+//! position 0 only (the `shifts` of [`Model::mtp_forward_counted`]).
 //! h_j is the target's hidden state at position j after its final norm; for chained drafts
 //! (k > 1) it is the MTP layer's own previous output x' (before shared_head.norm), as vLLM
 //! chains it.
@@ -43,23 +46,28 @@ impl Model {
         chunks: &[SeqChunk],
         prev: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>)> {
-        self.mtp_forward_counted(m, kv, chunks, prev)
+        self.mtp_forward_counted(m, kv, chunks, prev, &vec![0; chunks.len()])
             .map(|(logits, x, _)| (logits, x))
     }
 
     /// [`Model::mtp_forward`] also returning the weight bytes it needed, counted as the target's
     /// forward counts them (one embedding row per token, eh_proj, the layer's attention and
     /// feed-forward — the union of the experts its tokens select — and the head when a row
-    /// wants logits). DeepSeek-V4 MTP layers: not counted (0).
+    /// wants logits). DeepSeek-V4 MTP layers: not counted (0). `shifts[i]`: how far chunk i's
+    /// cache positions lie behind its absolute positions (positions its drafter skipped; 0 for
+    /// a sequence cached from position 0) — only the zero embedding at absolute position 0
+    /// reads it.
     pub fn mtp_forward_counted(
         &self,
         m: usize,
         kv: &mut KvCache,
         chunks: &[SeqChunk],
         prev: &[f32],
+        shifts: &[usize],
     ) -> Result<(Vec<f32>, Vec<f32>, u64)> {
+        let zero_embed = first_position_rows(chunks, shifts)?; // [n]
         if let Some(v4) = &self.v4 {
-            return super::v4::v4_mtp_forward(self, v4, m, kv, chunks, prev)
+            return super::v4::v4_mtp_forward(self, v4, m, kv, chunks, prev, &zero_embed)
                 .map(|(logits, x)| (logits, x, 0));
         }
         let cfg = &self.config;
@@ -89,7 +97,7 @@ impl Model {
         let mut cat = vec![0f32; n * 2 * h]; // [n, 2 * hidden]: [enorm(e) | hnorm(h)]
         let mut e = vec![0f32; h]; // [hidden]
         for i in 0..n {
-            if pos[i] == 0 {
+            if zero_embed[i] {
                 e.fill(0.0);
             } else {
                 matrix_row_f32(&self.embed, tokens[i] as usize, &mut e);
@@ -128,4 +136,21 @@ impl Model {
         }
         Ok((logits, x, bytes))
     }
+}
+
+/// Per batch row of `chunks`, whether it sits at the absolute position 0 (cache position 0 of a
+/// chunk whose shift is 0): the MTP layer zeroes the embedding there.
+fn first_position_rows(chunks: &[SeqChunk], shifts: &[usize]) -> Result<Vec<bool>> {
+    if shifts.len() != chunks.len() {
+        return Err(Error::InvalidArgument(format!(
+            "MTP forward: {} position shifts for {} chunks",
+            shifts.len(),
+            chunks.len()
+        )));
+    }
+    let mut rows = Vec::new(); // [n]
+    for (ch, &shift) in chunks.iter().zip(shifts) {
+        rows.extend((0..ch.tokens.len()).map(|i| shift == 0 && ch.start + i == 0));
+    }
+    Ok(rows)
 }

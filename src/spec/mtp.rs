@@ -14,16 +14,25 @@
 //! scheme), all requests batched into one MTP forward per draft position. The chained positions'
 //! KV is dropped right after drafting (it was computed from drafted tokens and the MTP's own
 //! hidden states, never from the target's), so the MTP KV only ever holds positions whose
-//! inputs are committed tokens and target hidden states. A request without hidden states for
-//! some position it needs (drafter swapped in mid-request) drafts nothing and decodes plainly.
+//! inputs are committed tokens and target hidden states.
+//!
+//! Partial context: where the target's hidden states of some positions never come — a prompt
+//! prefix the target reused beyond what this proposer holds, the positions before it was
+//! swapped in mid-request — the MTP layer skips them: its cache goes on at the first position
+//! it has hidden states for, written at cache positions shifted back by the skipped count
+//! (`MtpSeq::shift`), so it attends to what it holds before the gap and everything after it.
+//! Its drafts there may be worse than with the whole context; outputs are unchanged (every
+//! draft is verified), and the target never recomputes a position for the drafter's sake.
 //!
 //! Prefix caching: a request admitted onto cached prompt blocks has no target hidden states for
 //! them, so the MTP KV of the prompt is cached too, in this proposer's own cache, keyed one token
 //! on (position j is computed from t_{j+1}; `prefix_keys`). At admission the proposer restores
-//! what it holds of the prompt and the target reuses no more than that (`match_prefix`,
-//! `settle_prefix`); a request admitted that way publishes its MTP prompt blocks once they are
-//! written. Restored or recomputed, the MTP KV of a prompt is the same (prompt positions take
-//! the reproducible MHA path), and so are the drafts.
+//! what it holds of the prompt (`match_prefix`); the target reuses all it holds and the
+//! proposer skips the rest (`settle_prefix`). A request admitted without a skip publishes its
+//! MTP prompt blocks once they are written. Restored or recomputed, the MTP KV of a prompt is
+//! the same (prompt positions take the reproducible MHA path), and so are the drafts, wherever
+//! the proposer held as much of the prompt as the target (the one-token-on keys make it hold a
+//! block less where the prompts part at a block boundary).
 //!
 //! Catch-up is bounded per round by the draft model's rule (`draft_model::catch_up_roles`), so
 //! a burst of new prompts does not stall a step: catch-ups of at most 16 positions (the normal
@@ -46,8 +55,11 @@ use super::draft_model::{catch_up_roles, Role};
 use super::proposer::{Proposal, ProposeRequest, Proposer};
 
 struct MtpSeq {
-    /// MTP KV of positions [0, kv.len()).
+    /// MTP KV: absolute positions [0, kv.len() + shift), less the `shift` positions skipped.
     kv: SeqKv,
+    /// Positions skipped (no target hidden states for them; module doc): the cache position of
+    /// every position computed since the last skip is its absolute position minus `shift`.
+    shift: usize,
     /// First position of `hidden` / `fed`.
     hid_start: usize,
     /// Target hidden states not consumed yet. // [fed.len(), hidden]
@@ -145,6 +157,7 @@ impl MtpProposer {
 fn new_seq(seed: u64) -> MtpSeq {
     MtpSeq {
         kv: SeqKv::new(),
+        shift: 0,
         hid_start: 0,
         hidden: Vec::new(),
         fed: Vec::new(),
@@ -171,6 +184,13 @@ fn prefix_keys(prompt: &[u32]) -> Vec<u32> {
     keys
 }
 
+impl MtpSeq {
+    /// The absolute position after the last one the MTP KV holds.
+    fn end(&self) -> usize {
+        self.kv.len() + self.shift
+    }
+}
+
 impl Proposer for MtpProposer {
     fn propose(&mut self, reqs: &[ProposeRequest]) -> Result<Vec<Proposal>> {
         let h = self.model.hidden_state_width();
@@ -181,7 +201,7 @@ impl Proposer for MtpProposer {
             i: usize,
             tokens: Vec<u32>, // [catch-up rows] t_{j+1}
             prev: Vec<f32>,   // [catch-up rows, hidden]
-            start: usize,     // first position
+            start: usize,     // first (absolute) position
             drafts: bool,     // false: a bounded part of a long catch-up, no drafts this round
             stopped: bool,    // its last draft fell below the request's confidence cut
         }
@@ -210,7 +230,12 @@ impl Proposer for MtpProposer {
                 .count();
             s.fed.truncate(ok);
             s.hidden.truncate(ok * h);
-            let m = s.kv.len();
+            if s.hid_start > s.end() && !s.fed.is_empty() {
+                // No hidden states will come for [end, hid_start): skip them (module doc).
+                s.shift += s.hid_start - s.end();
+                s.publish = false;
+            }
+            let m = s.end();
             let need_end = l - 1; // positions [m, l - 1)
             let have = s.hid_start <= m && s.hid_start + s.fed.len() >= need_end;
             if have && m < need_end {
@@ -231,7 +256,8 @@ impl Proposer for MtpProposer {
             let prev = s.hidden[rows.start * h..rows.end * h].to_vec();
             let tokens = r.context[m + 1..end + 1].to_vec();
             // Reserve the catch-up rows and, when drafting, the k - 1 chained positions.
-            let need = if drafts { end + r.k - 1 } else { end };
+            let need_abs = if drafts { end + r.k - 1 } else { end };
+            let need = need_abs - s.shift;
             match self.kv.plan_grow(&s.kv, need) {
                 Ok(plan) => self.kv.commit_grow(&mut s.kv, plan),
                 Err(_) => continue, // MTP cache full: no drafts this round
@@ -271,19 +297,23 @@ impl Proposer for MtpProposer {
                     .iter()
                     .map(|&a| {
                         let lv = &live[a];
-                        let r = &reqs[lv.i];
+                        let s = &self.seqs[&reqs[lv.i].id];
                         SeqChunk {
-                            kv: &self.seqs[&r.id].kv,
-                            start: lv.start,
+                            kv: &s.kv,
+                            start: lv.start - s.shift,
                             tokens: &lv.tokens,
-                            mha_until: r.prompt_len,
+                            mha_until: reqs[lv.i].prompt_len.saturating_sub(s.shift),
                             logits: LogitsMode::Last,
                         }
                     })
                     .collect();
+                let shifts: Vec<usize> = act
+                    .iter()
+                    .map(|&a| self.seqs[&reqs[live[a].i].id].shift)
+                    .collect();
                 let (logits, xo, bytes) =
                     self.model
-                        .mtp_forward_counted(0, &mut self.kv, &chunks, &prev)?;
+                        .mtp_forward_counted(0, &mut self.kv, &chunks, &prev, &shifts)?;
                 self.weight_bytes += bytes;
                 (logits, xo)
             };
@@ -293,7 +323,7 @@ impl Proposer for MtpProposer {
                 let r = &reqs[lv.i];
                 let n = lv.tokens.len();
                 let s = self.seqs.get_mut(&r.id).expect("mtp seq");
-                self.kv.set_len(&mut s.kv, lv.start + n);
+                self.kv.set_len(&mut s.kv, lv.start + n - s.shift);
                 if !lv.drafts {
                     row0 += n;
                     continue;
@@ -312,8 +342,10 @@ impl Proposer for MtpProposer {
         // hidden states ([0, L - 1)); consume the hidden rows used.
         for r in reqs {
             if let Some(s) = self.seqs.get_mut(&r.id) {
-                let keep = s.kv.len().min(r.context.len().saturating_sub(1));
-                self.kv.truncate(&mut s.kv, keep);
+                // (the positions after a skip are past the prompt's reused prefix: at most
+                // the chained ones are dropped, never below the skip)
+                let keep = s.end().min(r.context.len().saturating_sub(1));
+                self.kv.truncate(&mut s.kv, keep.saturating_sub(s.shift));
                 if s.publish && keep + 1 >= r.prompt_len {
                     self.kv
                         .register_prefix(&s.kv, &prefix_keys(&r.context[..r.prompt_len]));
@@ -336,9 +368,9 @@ impl Proposer for MtpProposer {
         s.kv = self.kv.match_prefix(&s.keys, max);
         s.hid_start = s.kv.len(); // the target's hidden rows start where the restored KV ends
         s.publish = true;
-        let n = s.kv.len();
         self.seqs.insert(id, s);
-        n
+        // The target reuses all it holds; what this proposer lacks of it, it skips.
+        max
     }
 
     fn settle_prefix(&mut self, id: u64, len: usize) {
@@ -347,14 +379,13 @@ impl Proposer for MtpProposer {
             if s.kv.len() > len {
                 // Match again, shorter (a truncation may not cut below a sliding window; the
                 // blocks just released are still cached). Should it find fewer, the target's
-                // hidden rows start past the MTP KV and the request drafts nothing (module doc).
+                // hidden rows start past the MTP KV, and `propose` skips to them (module doc).
                 self.kv.shorten_prefix_hit(&mut s.kv, &keys, len);
                 s.hid_start = len;
             } else if s.kv.len() < len {
-                // The target reused more than the MTP holds (an idle adaptive drafter): no
-                // hidden states will come for [kv.len(), len), so this request is never drafted
-                // for; what was restored is given back.
-                self.kv.free(&mut s.kv);
+                // The target reused more than the MTP holds: no hidden states will come for
+                // [kv.len(), len); the MTP skips them (module doc) and publishes nothing.
+                s.shift = len - s.kv.len();
                 s.hid_start = len;
                 s.publish = false;
             }
@@ -389,11 +420,9 @@ impl Proposer for MtpProposer {
 
     fn can_draft(&self, id: u64) -> bool {
         // The engine asks for decode requests only, whose prefill handed this proposer hidden
-        // rows (or whose prefix it restored) unless it was swapped in after that: no state, no
-        // drafts. With state, the hidden rows (which start at `hid_start`) must join the KV.
-        self.seqs
-            .get(&id)
-            .is_some_and(|s| s.hid_start <= s.kv.len())
+        // rows (or whose prefix it restored); swapped in after that, it has state from the
+        // next target step on. Hidden rows past the KV's end are joined by a skip.
+        self.seqs.contains_key(&id)
     }
 
     fn on_commit(&mut self, _id: u64, _context: &[u32]) {
@@ -422,9 +451,9 @@ impl Proposer for MtpProposer {
 
     fn check(&self, id: u64, context: &[u32]) -> std::result::Result<(), String> {
         match self.seqs.get(&id) {
-            Some(s) if s.kv.len() + 1 > context.len().max(1) => Err(format!(
-                "request {id}: MTP KV holds {} positions for a context of {}",
-                s.kv.len(),
+            Some(s) if s.end() + 1 > context.len().max(1) => Err(format!(
+                "request {id}: MTP KV holds positions up to {} for a context of {}",
+                s.end(),
                 context.len()
             )),
             _ => Ok(()),

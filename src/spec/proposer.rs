@@ -140,18 +140,17 @@ pub trait Proposer: Send {
     fn admit(&mut self, _id: u64, _asked: Option<u8>) {}
     /// Prefix-cache reuse, at a request's admission (prefix caching on, the target's KV of
     /// `prompt` not computed yet): restore from the proposer's own cache what it holds of the
-    /// request's first `max` positions and return how many positions that is. The engine then
-    /// reuses at most that many of the target's cached positions and calls
+    /// request's first `max` positions, and return how many of them the target may reuse. The
+    /// engine reuses at most that many of the target's cached positions and calls
     /// [`Proposer::settle_prefix`] with what it reused. Default: `max` (a proposer that catches
-    /// up from the tokens alone needs nothing restored).
+    /// up from the tokens alone needs nothing restored); the MTP drafter also returns `max`
+    /// and skips what it lacks (`spec::mtp`, partial context).
     fn match_prefix(&mut self, _id: u64, _prompt: &[u32], max: usize) -> usize {
         max
     }
-    /// The target reuses `len` cached positions of request `id`: the proposer drops what it
-    /// restored beyond them. `len` is normally at most what [`Proposer::match_prefix`]
-    /// returned; a longer one (the adaptive engine reuses the target's whole cached prefix
-    /// while the drafter is idle) leaves a proposer that needs hidden states unable to draft
-    /// for the request ([`Proposer::can_draft`]).
+    /// The target reuses `len` cached positions of request `id` (at most what
+    /// [`Proposer::match_prefix`] returned): the proposer drops what it restored beyond them,
+    /// and one that needs hidden states and restored less skips the rest.
     fn settle_prefix(&mut self, _id: u64, _len: usize) {}
     /// The first draft position's acceptance recorded with the drafter's weights, measured on
     /// held-out traces (the MTP layer's `mtp_stats.json`, written by its training): the
@@ -160,12 +159,10 @@ pub trait Proposer: Send {
     fn recorded_acceptance(&self) -> Option<f64> {
         None
     }
-    /// Whether the proposer can draft for request `id` at all. False when it lacks state for
-    /// part of the context that it cannot rebuild — the MTP layer without the target's hidden
-    /// states of a prefix the target reused beyond what the MTP restored (`settle_prefix` with
-    /// a longer `len`), or of the positions before it was swapped in mid-request: it would
-    /// draft nothing, so the engine asks it for no drafts (no empty rounds, no catch-up timed
-    /// that caught up on nothing). Default: true.
+    /// Whether the proposer can draft for request `id` at all. False while it has no state for
+    /// the request — the MTP layer swapped in mid-request, until the target's next step hands
+    /// it hidden states: it would draft nothing, so the engine asks it for no drafts (no empty
+    /// rounds, no catch-up timed that caught up on nothing). Default: true.
     fn can_draft(&self, _id: u64) -> bool {
         true
     }

@@ -349,7 +349,8 @@ fn head_logits(
 /// positions j = start.., `prev` the matching residual streams h_j [n, N * hidden] (the target's,
 /// or this layer's own output when chaining). Writes the layer's one-layer cache (laid out by
 /// `KvConfig::for_mtp`) and returns (logits of the rows the chunks ask for [n_rows, vocab], every
-/// row's output streams [n, N * hidden]).
+/// row's output streams [n, N * hidden]). `zero_embed[i]`: row i sits at the absolute position
+/// 0 (its embedding is zeroed; see `Model::mtp_forward_counted`).
 pub(crate) fn v4_mtp_forward(
     model: &Model,
     v4: &V4Model,
@@ -357,6 +358,7 @@ pub(crate) fn v4_mtp_forward(
     kv: &mut KvCache,
     chunks: &[SeqChunk],
     prev: &[f32],
+    zero_embed: &[bool],
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let mtp = v4
         .mtp
@@ -384,7 +386,7 @@ pub(crate) fn v4_mtp_forward(
     let mut en = vec![0f32; n * h]; // [n, hidden]: enorm(embed(t)), zero embedding at position 0
     for_each_row(&mut en, h, n * h, |i, o| {
         let mut e = vec![0f32; h]; // [hidden]
-        if pos[i] != 0 {
+        if !zero_embed[i] {
             matrix_row_f32(&model.embed, tokens[i] as usize, &mut e);
         }
         rms_norm(&e, &mtp.enorm, eps, o)
