@@ -280,8 +280,8 @@ impl Core {
             // `Core::first_prior`: traced on the widened target, MTP at batch 16, per step
             // against plain in the same interleaved run, those explorations — an MTP catch-up
             // over a whole prompt, ~16-21 ms, then 3-8 ms each — and the prefix recompute they
-            // cause at the 14th arrival (the drafter was not idle) cost 21-45 ms per run in the
-            // arrival steps, -22-7 ms without them)
+            // caused at the 14th arrival (before the MTP layer could skip a prefix it did not
+            // hold) cost 21-45 ms per run in the arrival steps, -22-7 ms without them)
             let learned = prefills
                 && (self.drafter_obs as f64 >= ACCEPT_PRIOR_WEIGHT
                     || self.first_prior.is_recorded());
