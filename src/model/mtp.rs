@@ -4,12 +4,12 @@
 //! serve the official weights: x_j = eh_proj([enorm(embed(t_{j+1})) | hnorm(h_j)]) — embedding
 //! first, the embedding zeroed at position 0 — then one decoder layer over the MTP layer's own
 //! latent cache at position j, logits = shared_head.head(shared_head.norm(x')) predict t_{j+2}.
-//! A drafter that skipped positions it has no target hidden states for (`spec::mtp`) writes its
-//! cache at positions shifted back by the skipped count; the embedding is zeroed at the absolute
-//! position 0 only (the `shifts` of [`Model::mtp_forward_counted`]).
 //! h_j is the target's hidden state at position j after its final norm; for chained drafts
 //! (k > 1) it is the MTP layer's own previous output x' (before shared_head.norm), as vLLM
 //! chains it.
+//! A drafter that skipped positions it has no target hidden states for (`spec::mtp`) writes its
+//! cache at positions shifted back by the skipped count; the embedding is zeroed at the absolute
+//! position 0 only (the `shifts` of [`Model::mtp_forward_counted`]).
 
 use crate::backend::CpuBackend;
 use crate::error::{Error, Result};
