@@ -312,8 +312,9 @@ fn batch_invariance_bitwise_simd() {
 /// picks between them per token block: `gemm/avx2.rs`) are the same bits: every n of 2..=17 and
 /// 26..=30 (a full 24-token block then a tail) under each choice, against the same n through the
 /// default rule, for every kind, row tails of 1 and 2 after the 3-row and 4-row tiles, on 1 and
-/// 3 threads (that n tokens equal one token at a time is `batch_invariance_bitwise_simd`'s). The choice is process-wide, and other tests running meanwhile see the same bits
-/// whichever is in force.
+/// 3 threads (that n tokens equal one token at a time is `batch_invariance_bitwise_simd`'s).
+/// The choice is process-wide, and other tests running meanwhile see the same bits whichever is
+/// in force.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_token_tiles_are_the_same_bits() {

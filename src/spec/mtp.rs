@@ -293,24 +293,21 @@ impl Proposer for MtpProposer {
                 prev.extend_from_slice(&live[a].prev);
             }
             let (logits, xo) = {
-                let chunks: Vec<SeqChunk> = act
+                let (chunks, shifts): (Vec<SeqChunk>, Vec<usize>) = act
                     .iter()
                     .map(|&a| {
                         let lv = &live[a];
                         let s = &self.seqs[&reqs[lv.i].id];
-                        SeqChunk {
+                        let chunk = SeqChunk {
                             kv: &s.kv,
                             start: lv.start - s.shift,
                             tokens: &lv.tokens,
                             mha_until: reqs[lv.i].prompt_len.saturating_sub(s.shift),
                             logits: LogitsMode::Last,
-                        }
+                        };
+                        (chunk, s.shift)
                     })
-                    .collect();
-                let shifts: Vec<usize> = act
-                    .iter()
-                    .map(|&a| self.seqs[&reqs[live[a].i].id].shift)
-                    .collect();
+                    .unzip();
                 let (logits, xo, bytes) =
                     self.model
                         .mtp_forward_counted(0, &mut self.kv, &chunks, &prev, &shifts)?;

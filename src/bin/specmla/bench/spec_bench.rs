@@ -28,7 +28,7 @@ use specmla::{Error, Result};
 
 use super::roofline::{mtp_step_work, Machine};
 use super::spec_cell::{measure, Baseline, CellCtx, Figures};
-use super::spec_runs::{run_interleaved, run_once, Run, Workload};
+use super::spec_runs::{run_interleaved, run_plain, Run, Workload};
 use super::workload::{is_correct, load_workload, WorkItem};
 use super::{progress, table, BenchArgs, Section};
 
@@ -290,8 +290,10 @@ fn plain_baseline(
     label: &str,
 ) -> Result<(Baseline, bool)> {
     progress(&format!("spec bench: {label}: plain"));
-    let run_plain = || run_once(target, DraftSource::None, base, SpecMode::Fixed(0), b, work);
-    let mut plains = vec![run_plain()?, run_plain()?];
+    let mut plains = vec![
+        run_plain(target, base, b, work)?,
+        run_plain(target, base, b, work)?,
+    ];
     let rates: Vec<f64> = plains.iter().map(Run::tps).collect();
     let plain = if rates[1] > rates[0] {
         plains.swap_remove(1)
@@ -339,14 +341,7 @@ fn run_target(
         max_tokens: 32,
         stagger: 0,
     };
-    run_once(
-        target,
-        DraftSource::None,
-        &st.base,
-        SpecMode::Fixed(0),
-        1,
-        warm_work,
-    )?;
+    run_plain(target, &st.base, 1, warm_work)?;
     let mut rows = Vec::new();
     let mut runs_json = Vec::new();
     let mut all_identical = true;

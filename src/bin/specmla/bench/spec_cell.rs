@@ -11,14 +11,14 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use specmla::engine::{DraftSource, EngineConfig};
+use specmla::engine::EngineConfig;
 use specmla::model::TokenWork;
 use specmla::spec::SpecMode;
 use specmla::Result;
 
 use super::roofline::{decode_roofline_with_flops, Machine};
 use super::spec_bench::Drafter;
-use super::spec_runs::{ideal_spec_s, run_interleaved, run_once, Run, Workload};
+use super::spec_runs::{ideal_spec_s, run_interleaved, run_once, run_plain, Run, Workload};
 
 /// A (budget, batch)'s plain baseline: the faster of two plain runs (speedups are not inflated
 /// by one slow plain run on a noisy host), both rates, and the interleaved plain A/A ratios.
@@ -82,14 +82,7 @@ pub(super) fn measure(cx: &CellCtx, d: &Drafter, mode: SpecMode) -> Result<CellR
     let mut paired = Vec::new();
     let mut plain_seen = cx.baseline.rates.clone();
     for _ in 0..cx.paired {
-        let p = run_once(
-            cx.target,
-            DraftSource::None,
-            cx.base,
-            SpecMode::Fixed(0),
-            cx.batch,
-            cx.work,
-        )?;
+        let p = run_plain(cx.target, cx.base, cx.batch, cx.work)?;
         let q = run_spec()?;
         identical_all &= q.tokens == plain.tokens && p.tokens == plain.tokens;
         paired.push(q.tps() / p.tps());

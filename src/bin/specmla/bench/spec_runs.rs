@@ -140,6 +140,24 @@ pub(super) fn run_once(
     })
 }
 
+/// The workload on a plain engine (no drafter, k = 0): the baselines, the paired plain runs
+/// and the warm-up.
+pub(super) fn run_plain(
+    target: &Path,
+    base: &EngineConfig,
+    batch: usize,
+    work: Workload<'_>,
+) -> Result<Run> {
+    run_once(
+        target,
+        DraftSource::None,
+        base,
+        SpecMode::Fixed(0),
+        batch,
+        work,
+    )
+}
+
 fn bench_engine(
     target: &Path,
     draft: DraftSource,
