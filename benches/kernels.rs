@@ -173,6 +173,9 @@ fn main() {
     if std::env::args().any(|a| a == "l2") {
         return l2_probe();
     }
+    if std::env::args().any(|a| a == "l2-tiles") {
+        return l2_tiles();
+    }
     if std::env::args().any(|a| a == "indexer") {
         return indexer_scores();
     }
@@ -357,6 +360,41 @@ fn l2_probe() {
             if fp8 { "fp8" } else { "bf16" },
             200.0 * w.nbytes() as f64 / t / 1e9
         );
+    }
+}
+
+/// `cargo bench --bench kernels -- l2-tiles`: the several-token direct tiles' compute rate with
+/// memory out of the way — one thread, one L2-resident 240 x 1408 bf16 matrix (660 KiB) at
+/// n = 1..16 tokens, on every SIMD level: GFLOP/s and the fraction of the one-thread f32 FMA
+/// peak (`measure_peak_flops`), best of 7 (each 400 products).
+fn l2_tiles() {
+    for (rows, cols) in [(240, 1408), (960, 256)] {
+        let w = bf16_matrix(17, rows, cols);
+        for isa in Isa::available().into_iter().filter(|i| i.simd()) {
+            let p = pool_isa(1, isa);
+            let peak = p.install(|| measure_peak_flops(5));
+            let line: Vec<String> = [1usize, 2, 4, 8, 9, 16]
+                .iter()
+                .map(|&n| {
+                    let x: Vec<f32> = activations(3, n * cols); // [n, cols]
+                    let mut y = vec![0.0f32; n * rows]; // [n, rows]
+                    let t = p.install(|| {
+                        best_of(7, || {
+                            for _ in 0..400 {
+                                matmul(&w, black_box(&x), n, &mut y)
+                            }
+                        })
+                    }) / 400.0;
+                    let f = 2.0 * (rows * cols * n) as f64 / t;
+                    format!("n={n} {:5.1} ({:.2})", f / 1e9, f / peak)
+                })
+                .collect();
+            println!(
+                "{isa:8} {rows}x{cols} bf16, 1 thr, peak {:5.1} GFLOP/s: {}",
+                peak / 1e9,
+                line.join(", ")
+            );
+        }
     }
 }
 

@@ -23,13 +23,35 @@ impl WLoad for f32 {
     }
 }
 
+/// `vpshufb` control of the bf16 decode: the 16 bytes of 8 bf16 values, broadcast to both
+/// 128-bit halves, become 8 f32 lanes with each value in the high half of its lane (low half
+/// zero): lanes 0-3 from the low half's bytes 0-7, lanes 4-7 from the high half's bytes 8-15.
+#[repr(align(32))]
+struct ShufCtl([i8; 32]);
+static BF16_TO_F32: ShufCtl = ShufCtl([
+    -1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, //
+    -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15,
+]);
+
 impl WLoad for u16 {
-    /// bf16 -> f32: zero-extend to 32 bits and shift into the high half (exact).
+    /// bf16 -> f32 (exact): a 128-bit broadcast load and one in-lane `vpshufb` that moves each
+    /// value into the high half of its lane — one vector op per 8 weights where `vpmovzxwd` +
+    /// `vpslld` are two (on Zen 3 both share ports with the FMAs; docs/BENCHMARKS.md "Aligned
+    /// activations and a one-op bf16 decode"). The shuffle is inline assembly so that its
+    /// control stays a memory operand: as an intrinsic LLVM hoists the constant into a
+    /// register, a 17th one in the 4 x 3 tile, and spills accumulators.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8(p: *const u16) -> __m256 {
-        let h = _mm_loadu_si128(p as *const __m128i);
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        let mut v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+        // SAFETY: reads the 32-byte control only; AVX2 is enabled for this function.
+        std::arch::asm!(
+            "vpshufb {v}, {v}, ymmword ptr [{c}]",
+            v = inout(ymm_reg) v,
+            c = in(reg) BF16_TO_F32.0.as_ptr(),
+            options(pure, readonly, nostack, preserves_flags),
+        );
+        _mm256_castsi256_ps(v)
     }
 }
 

@@ -383,6 +383,8 @@ pub(crate) fn matmul_in(
 struct CallBufs {
     x: AlignedBuf,
     b: AlignedBuf,
+    /// x copied to a 64-byte-aligned start, for the paths that read it in place.
+    a: AlignedBuf,
 }
 
 thread_local! {
@@ -424,6 +426,21 @@ fn matmul_call(
         bufs.x.as_slice()
     } else {
         &[]
+    };
+    // The paths that read x in place load it in 8- or 16-lane chunks at every multiple of 8
+    // floats: from a start that is not 64-byte aligned (a 16-byte-aligned heap block, a token
+    // slice), half or all of those loads split a cache line; the AVX2 3 x 4 tile over
+    // cache-resident operands ran 14 % faster with x aligned (docs/BENCHMARKS.md "Aligned
+    // activations and a one-op bf16 decode"). Such an x of at most `DIRECT_MAX_TOKENS` tokens
+    // (the direct tiles; at most 3 MiB kept per thread) is copied once per call into the
+    // thread's aligned buffer; the values are the same.
+    let misaligned = !(x.as_ptr() as usize).is_multiple_of(64);
+    let x = if xpack.is_empty() && packed_b == 0 && misaligned && n <= DIRECT_MAX_TOKENS {
+        let xa = bufs.a.reuse(n * cols); // [n, cols]
+        xa.copy_from_slice(x);
+        &bufs.a.as_slice()[..n * cols]
+    } else {
+        x
     };
     let bpack = &bufs.b.as_u16()[..packed_b];
     let job = Job {
