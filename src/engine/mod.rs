@@ -17,6 +17,8 @@ mod schedule;
 pub mod score;
 mod stats;
 mod swap;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::Path;

@@ -147,8 +147,9 @@ pub(crate) struct ReqState {
     /// Verifications that updated `alpha` (until a few, the drafter's engine-wide estimate is
     /// used instead: a new request starts from what the drafter has shown, not a fixed prior).
     pub alpha_obs: u32,
-    /// Context length at the request's last drafting round (None: the current drafter never
-    /// drafted for it): the drafter's lag, which its next round catches up on (an MTP layer or
+    /// Context length at the request's last drafting round, or the prompt prefix reused at
+    /// admission, which the drafter holds or skips (None: the current drafter has seen none of
+    /// the context): the drafter's lag, which its next round catches up on (an MTP layer or
     /// draft model over the prompt or the plain steps' tokens); the adaptive policy times only
     /// rounds with small lags and prices starting from a long one (`engine::core`).
     pub drafted_at: Option<usize>,

@@ -446,6 +446,11 @@ impl Core {
                 r.kv = self.kv.match_prefix(prompt, max);
                 if let Some(p) = self.proposer.as_mut() {
                     p.settle_prefix(r.id, r.kv.len());
+                    // The drafter holds (draft model) or skips (MTP layer) the reused prefix:
+                    // what it must catch up on starts after it.
+                    if !r.kv.is_empty() {
+                        r.drafted_at = Some(r.kv.len());
+                    }
                 }
                 if r.counters.preemptions == 0 {
                     r.counters.cached_prompt_tokens = r.kv.len() as u64;
