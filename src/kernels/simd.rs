@@ -182,11 +182,12 @@ pub(crate) unsafe fn tile_mem<const MR: usize, const NR: usize>(
 
 /// Direct tile (weights decoded on the fly, accumulators kept in registers over all `nchunks`):
 /// MR rows x NR tokens of f32 / bf16 weights. Writes each element's lane-summed (pre-tail) value
-/// to `out[i * on + j]`.
+/// to `out[i * on + j]`. With `PF` it prefetches the next MR rows ([`tile`]): the first token
+/// tile over these rows does, the later ones find those lines already requested.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn direct<T: WLoad, const MR: usize, const NR: usize>(
+pub(crate) unsafe fn direct<T: WLoad, const MR: usize, const NR: usize, const PF: bool>(
     w: *const T,
     ws: usize,
     x: *const f32,
@@ -196,7 +197,7 @@ pub(crate) unsafe fn direct<T: WLoad, const MR: usize, const NR: usize>(
     on: usize,
 ) {
     let mut a = [[_mm256_setzero_ps(); NR]; MR];
-    tile::<T, MR, NR, true>(w, ws, x, xs, nchunks, &mut a);
+    tile::<T, MR, NR, PF>(w, ws, x, xs, nchunks, &mut a);
     for (i, ai) in a.iter().enumerate() {
         for (j, v) in ai.iter().enumerate() {
             *out.add(i * on + j) = hsum8(*v);

@@ -88,7 +88,8 @@ impl Job<'_> {
                     macro_rules! go {
                     ($p:expr, $ty:ty; $($m:literal, $t:literal);*) => {
                         match (mr, nr) {
-                            $(($m, $t) => direct::<$ty, $m, $t>($p, cols, xp, cols, nch, op, n),)*
+                            $(($m, $t) if t0 == tb0 => direct::<$ty, $m, $t, true>($p, cols, xp, cols, nch, op, n),)*
+                            $(($m, $t) => direct::<$ty, $m, $t, false>($p, cols, xp, cols, nch, op, n),)*
                             _ => unreachable!("direct tile {mr}x{nr}"),
                         }
                     };
