@@ -120,9 +120,15 @@ impl Core {
         self.draft_cost = Default::default();
         self.catch_up_s_per_row = None;
         self.guard = Default::default();
-        // the new drafter has seen none of the running requests: its first round catches up
+        // The new drafter has seen none of the running requests: a draft model's first round
+        // catches up on their whole context; the MTP layer skips it and starts at the target's
+        // next hidden states, so it owes nothing of it.
+        let replays = self
+            .proposer
+            .as_ref()
+            .is_none_or(|p| p.replays_unseen_context());
         for r in self.running.iter_mut() {
-            r.drafted_at = None;
+            r.drafted_at = if replays { None } else { Some(r.tokens.len()) };
         }
     }
 

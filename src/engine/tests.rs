@@ -73,3 +73,39 @@ fn a_reused_prefix_is_not_part_of_the_drafters_lag() {
         );
     }
 }
+
+/// A drafter installed beside a running request: a draft model replays the whole context it
+/// has not seen (its lag is the request's length), the MTP layer skips it — it has no hidden
+/// states for what the target computed before the swap — and owes nothing of it.
+#[test]
+fn a_drafter_swapped_in_mid_request_owes_only_what_it_replays() {
+    let prompts = workload_prompts(1);
+    for (draft, replays) in [
+        (DraftSource::Dir(repo().join("models/draft")), true),
+        (DraftSource::Mtp, false),
+    ] {
+        let label = format!("{draft:?}");
+        let cfg = EngineConfig {
+            kv_dtype: KvDtype::F32,
+            spec: SpecMode::Adaptive { k_max: 4 },
+            threads: 1,
+            num_blocks: 256,
+            draft_num_blocks: 256,
+            ..EngineConfig::default()
+        };
+        let e = Engine::new(&repo().join("models/target"), DraftSource::None, cfg).expect("engine");
+        let mut req = Request::new(Prompt::Tokens(prompts[0].clone()));
+        req.sampling.max_tokens = 32;
+        let id = e.submit(req).expect("submit");
+        for _ in 0..4 {
+            e.step().expect("prefill and three plain steps");
+        }
+        e.set_draft_weights_blocking(draft).expect("swap");
+        let mut core = lock(&e.core);
+        e.swaps.apply_ready(&mut core);
+        let r = core.running.iter().find(|r| r.id == id).expect("running");
+        assert!(r.tokens.len() > r.prompt_len + 2, "{label}: decoding");
+        let want = if replays { r.tokens.len() } else { 0 };
+        assert_eq!(r.drafter_lag(), want, "{label}: the lag at the swap");
+    }
+}

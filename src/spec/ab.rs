@@ -198,6 +198,13 @@ impl Proposer for AbProposer {
         }
     }
 
+    fn replays_unseen_context(&self) -> bool {
+        self.arms
+            .iter()
+            .flatten()
+            .any(|p| p.replays_unseen_context())
+    }
+
     fn can_draft(&self, id: u64) -> bool {
         // an unassigned request may still go to either arm; its arm decides once assigned
         self.targets(id)

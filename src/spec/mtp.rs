@@ -415,6 +415,10 @@ impl Proposer for MtpProposer {
         self.recorded
     }
 
+    fn replays_unseen_context(&self) -> bool {
+        false // no hidden states for what the target computed before the swap: skipped
+    }
+
     fn can_draft(&self, id: u64) -> bool {
         // The engine asks for decode requests only, whose prefill handed this proposer hidden
         // rows (or whose prefix it restored); swapped in after that, it has state from the

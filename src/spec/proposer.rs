@@ -159,6 +159,14 @@ pub trait Proposer: Send {
     fn recorded_acceptance(&self) -> Option<f64> {
         None
     }
+    /// Whether the proposer, newly installed beside running requests, catches up on the whole
+    /// context it has not seen (a draft model replays the tokens) rather than starting where
+    /// it gets state (the MTP layer needs the target's hidden states, so it skips the context
+    /// before its swap): the engine counts the drafter's lag of those requests from zero or
+    /// from their current length accordingly. Default: true.
+    fn replays_unseen_context(&self) -> bool {
+        true
+    }
     /// Whether the proposer can draft for request `id` at all. False while it has no state for
     /// the request — the MTP layer swapped in mid-request, until the target's next step hands
     /// it hidden states: it would draft nothing, so the engine asks it for no drafts (no empty
