@@ -364,9 +364,10 @@ fn l2_probe() {
 }
 
 /// `cargo bench --bench kernels -- l2-tiles`: the several-token direct tiles' compute rate with
-/// memory out of the way — one thread, one L2-resident 240 x 1408 bf16 matrix (660 KiB) at
-/// n = 1..16 tokens, on every SIMD level: GFLOP/s and the fraction of the one-thread f32 FMA
-/// peak (`measure_peak_flops`), best of 7 (each 400 products).
+/// memory out of the way — one thread, one L2-resident 240 x 1408 bf16 matrix (660 KiB), then
+/// a 960 x 256 one (short rows: a tile's fixed costs weigh more), at n = 1..16 tokens, on every
+/// SIMD level: GFLOP/s and the fraction of the one-thread f32 FMA peak (`measure_peak_flops`),
+/// best of 7 (each 400 products).
 fn l2_tiles() {
     for (rows, cols) in [(240, 1408), (960, 256)] {
         let w = bf16_matrix(17, rows, cols);
