@@ -445,11 +445,11 @@ impl Core {
                 }
                 r.kv = self.kv.match_prefix(prompt, max);
                 if let Some(p) = self.proposer.as_mut() {
-                    p.settle_prefix(r.id, r.kv.len());
-                    // The drafter holds (draft model) or skips (MTP layer) the reused prefix:
-                    // what it must catch up on starts after it.
-                    if !r.kv.is_empty() {
-                        r.drafted_at = Some(r.kv.len());
+                    // What the drafter holds (a draft model's restored prefix) or skips (the
+                    // MTP layer): its catch-up starts after it.
+                    let seen = p.settle_prefix(r.id, r.kv.len());
+                    if seen > 0 {
+                        r.drafted_at = Some(seen);
                     }
                 }
                 if r.counters.preemptions == 0 {

@@ -28,10 +28,23 @@ fn workload_prompts(n: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// One thread, f32 KV, prefix caching, adaptive drafting up to 4 tokens.
+fn adaptive_cfg() -> EngineConfig {
+    EngineConfig {
+        kv_dtype: KvDtype::F32,
+        spec: SpecMode::Adaptive { k_max: 4 },
+        threads: 1,
+        num_blocks: 256,
+        draft_num_blocks: 256,
+        prefix_cache: true,
+        ..EngineConfig::default()
+    }
+}
+
 /// A request admitted over a reused prompt prefix owes its drafter only the rest of its
-/// context: the draft model restored the prefix from its own cache, the MTP layer skips it.
-/// Counting the whole context (as before) made the adaptive policy price a catch-up over the
-/// prefix that never runs.
+/// context: the draft model restored the prefix from its own cache (here all of it), the MTP
+/// layer skips it. Counting the whole context (as before) made the adaptive policy price a
+/// catch-up over the prefix that never runs.
 #[test]
 fn a_reused_prefix_is_not_part_of_the_drafters_lag() {
     let prompts = workload_prompts(2);
@@ -40,16 +53,7 @@ fn a_reused_prefix_is_not_part_of_the_drafters_lag() {
         DraftSource::Mtp,
     ] {
         let label = format!("{draft:?}");
-        let cfg = EngineConfig {
-            kv_dtype: KvDtype::F32,
-            spec: SpecMode::Adaptive { k_max: 4 },
-            threads: 1,
-            num_blocks: 256,
-            draft_num_blocks: 256,
-            prefix_cache: true,
-            ..EngineConfig::default()
-        };
-        let e = Engine::new(&repo().join("models/target"), draft, cfg).expect("engine");
+        let e = Engine::new(&repo().join("models/target"), draft, adaptive_cfg()).expect("engine");
         let mut first = Request::new(Prompt::Tokens(prompts[0].clone()));
         first.sampling.max_tokens = 4;
         e.generate(vec![first]).expect("first request");
@@ -85,15 +89,8 @@ fn a_drafter_swapped_in_mid_request_owes_only_what_it_replays() {
         (DraftSource::Mtp, false),
     ] {
         let label = format!("{draft:?}");
-        let cfg = EngineConfig {
-            kv_dtype: KvDtype::F32,
-            spec: SpecMode::Adaptive { k_max: 4 },
-            threads: 1,
-            num_blocks: 256,
-            draft_num_blocks: 256,
-            ..EngineConfig::default()
-        };
-        let e = Engine::new(&repo().join("models/target"), DraftSource::None, cfg).expect("engine");
+        let target = repo().join("models/target");
+        let e = Engine::new(&target, DraftSource::None, adaptive_cfg()).expect("engine");
         let mut req = Request::new(Prompt::Tokens(prompts[0].clone()));
         req.sampling.max_tokens = 32;
         let id = e.submit(req).expect("submit");

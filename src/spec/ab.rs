@@ -228,12 +228,15 @@ impl Proposer for AbProposer {
         keep
     }
 
-    fn settle_prefix(&mut self, id: u64, len: usize) {
+    fn settle_prefix(&mut self, id: u64, len: usize) -> usize {
+        // the arm that holds least (an unassigned request may go to either)
+        let mut seen = len;
         for a in self.targets(id) {
             if let Some(p) = self.arms[a].as_mut() {
-                p.settle_prefix(id, len);
+                seen = seen.min(p.settle_prefix(id, len));
             }
         }
+        seen
     }
 
     fn arm_of(&self, id: u64, asked: Option<u8>) -> Option<u8> {

@@ -305,6 +305,12 @@ impl Proposer for DraftModelProposer {
         max
     }
 
+    fn settle_prefix(&mut self, id: u64, _len: usize) -> usize {
+        // It keeps all it restored (the same tokens' KV, whatever the target reused) and
+        // catches up from there.
+        self.seqs.get(&id).map_or(0, |s| s.fed.len())
+    }
+
     fn on_commit(&mut self, id: u64, context: &[u32]) {
         if let Some(s) = self.seqs.get_mut(&id) {
             let keep = s

@@ -370,7 +370,8 @@ impl Proposer for MtpProposer {
         max
     }
 
-    fn settle_prefix(&mut self, id: u64, len: usize) {
+    fn settle_prefix(&mut self, id: u64, len: usize) -> usize {
+        // Whatever it restored, it goes on at `len`: shortened to it, or skipping to it.
         if let Some(s) = self.seqs.get_mut(&id) {
             let keys = std::mem::take(&mut s.keys);
             if s.kv.len() > len {
@@ -387,6 +388,7 @@ impl Proposer for MtpProposer {
                 s.publish = false;
             }
         }
+        len
     }
 
     fn on_target_hidden(&mut self, id: u64, start: usize, fed: &[u32], hidden: &[f32]) {

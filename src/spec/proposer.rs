@@ -150,8 +150,12 @@ pub trait Proposer: Send {
     }
     /// The target reuses `len` cached positions of request `id` (at most what
     /// [`Proposer::match_prefix`] returned): the proposer drops what it restored beyond them,
-    /// and one that needs hidden states and restored less skips the rest.
-    fn settle_prefix(&mut self, _id: u64, _len: usize) {}
+    /// and one that needs hidden states and restored less skips the rest. Returns the context
+    /// positions it holds or skipped — where its catch-up starts (the engine's drafter lag).
+    /// Default: `len` (a proposer without a model has nothing to catch up on).
+    fn settle_prefix(&mut self, _id: u64, len: usize) -> usize {
+        len
+    }
     /// The first draft position's acceptance recorded with the drafter's weights, measured on
     /// held-out traces (the MTP layer's `mtp_stats.json`, written by its training): the
     /// adaptive policy starts from it (`policy::AcceptPrior::recorded`) instead of a guess.
