@@ -106,3 +106,94 @@ fn a_drafter_swapped_in_mid_request_owes_only_what_it_replays() {
         assert_eq!(r.drafter_lag(), want, "{label}: the lag at the swap");
     }
 }
+
+/// A draft model whose own cache holds less of a reused prompt prefix than the target's (a
+/// smaller draft cache evicted the prefix's blocks while the target kept them) catches up from
+/// what it holds: its lag counts the context it has not fed, not the target's reused length, and
+/// the request's output is bitwise the plain engine's (tokens and log-probs) while it still
+/// drafts and accepts.
+#[test]
+fn a_draft_model_holding_less_of_a_prefix_catches_up_from_what_it_holds() {
+    let prompts = workload_prompts(6);
+    let mut ids = prompts[0].clone();
+    ids.extend(&prompts[1][1..]);
+    let target = repo().join("models/target");
+    let cfg = EngineConfig {
+        spec: SpecMode::Fixed(3),
+        // 192 tokens: the long request below needs every block of it
+        draft_num_blocks: 12,
+        ..adaptive_cfg()
+    };
+    let e = Engine::new(
+        &target,
+        DraftSource::Dir(repo().join("models/draft")),
+        cfg.clone(),
+    )
+    .expect("engine");
+    let mut first = Request::new(Prompt::Tokens(prompts[0].clone()));
+    first.sampling.max_tokens = 4;
+    e.generate(vec![first]).expect("first request");
+    // ~160 prompt tokens + 24 generated: the draft cache evicts the first prompt's blocks, the
+    // target's (256 blocks) keeps them
+    let mut long: Vec<u32> = prompts[2].clone();
+    for p in &prompts[3..6] {
+        long.extend(&p[1..]);
+    }
+    let mut evicting = Request::new(Prompt::Tokens(long));
+    evicting.sampling.max_tokens = 24;
+    e.generate(vec![evicting]).expect("evicting request");
+    let mut req = Request::new(Prompt::Tokens(ids.clone()));
+    req.sampling.max_tokens = 40;
+    let id = e.submit(req).expect("submit");
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+    let mut take = |events: Vec<Event>| {
+        let mut done = false;
+        for ev in events.into_iter().filter(|ev| ev.id == id) {
+            tokens.extend_from_slice(&ev.tokens);
+            logprobs.extend_from_slice(&ev.logprobs);
+            done |= ev.finish.is_some();
+        }
+        done
+    };
+    let mut done = take(e.step().expect("admission and prefill"));
+    {
+        let core = lock(&e.core);
+        let r = core.running.iter().find(|r| r.id == id).expect("running");
+        let cached = r.counters.cached_prompt_tokens as usize;
+        assert!(cached >= 16, "the target reused {cached} prompt tokens");
+        // the draft model restored whole blocks of the prefix, fewer than the target reused
+        let held = r.tokens.len() - r.drafter_lag();
+        assert!(
+            held < cached,
+            "the draft model holds {held} of the {cached} reused tokens"
+        );
+        assert!(
+            held > 0,
+            "a partial hold (the eviction left the first block)"
+        );
+        assert_eq!(held % cfg.block_size, 0, "whole blocks restored: {held}");
+    }
+    while !done {
+        done = take(e.step().expect("step"));
+    }
+    let counters = e.request_counters(id).expect("counters");
+    assert!(counters.drafted_tokens > 0, "the request drafted");
+    assert!(counters.accepted_tokens > 0, "and accepted drafts");
+
+    let plain = Engine::new(
+        &target,
+        DraftSource::None,
+        EngineConfig {
+            spec: SpecMode::Fixed(0),
+            prefix_cache: false,
+            ..cfg
+        },
+    )
+    .expect("plain engine");
+    let mut req = Request::new(Prompt::Tokens(ids));
+    req.sampling.max_tokens = 40;
+    let want = plain.generate(vec![req]).expect("plain").remove(0);
+    assert_eq!(tokens, want.token_ids, "tokens");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&logprobs), bits(&want.logprobs), "log-probs");
+}
