@@ -108,7 +108,7 @@ fn a_drafter_swapped_in_mid_request_owes_only_what_it_replays() {
 }
 
 /// A draft model whose own cache holds less of a reused prompt prefix than the target's (a
-/// smaller draft cache evicted the prefix's blocks while the target kept them) catches up from
+/// smaller draft cache evicted part of the prefix's blocks while the target kept them all) catches up from
 /// what it holds: its lag counts the context it has not fed, not the target's reused length, and
 /// the request's output is bitwise the plain engine's (tokens and log-probs) while it still
 /// drafts and accepts.
@@ -133,8 +133,8 @@ fn a_draft_model_holding_less_of_a_prefix_catches_up_from_what_it_holds() {
     let mut first = Request::new(Prompt::Tokens(prompts[0].clone()));
     first.sampling.max_tokens = 4;
     e.generate(vec![first]).expect("first request");
-    // ~160 prompt tokens + 24 generated: the draft cache evicts the first prompt's blocks, the
-    // target's (256 blocks) keeps them
+    // ~160 prompt tokens + 24 generated: the draft cache evicts some of the first prompt's
+    // cached blocks (here the second of two), the target's (256 blocks) keeps them
     let mut long: Vec<u32> = prompts[2].clone();
     for p in &prompts[3..6] {
         long.extend(&p[1..]);
