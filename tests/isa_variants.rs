@@ -13,7 +13,8 @@
 //!   layer of models/target with the bundled draft on the bundled workload, budgets included —
 //!   token ids and log-probs bitwise equal to plain decoding on the same level;
 //! - across levels: portable, avx2 and avx512 give bitwise the same logits and outputs (they share
-//!   one reduction order, `kernels/lanes.rs`); amx runs bf16 matmuls with exact products in another
+//!   one reduction order per matrix layout: `kernels/lanes.rs` for row-major matrices, one
+//!   sequential chain for the bf16 strips a model loads as where the best level is avx2); amx runs bf16 matmuls with exact products in another
 //!   f32 accumulation order, so its logits are held to the golden tolerance of portable's;
 //!   avx512bf16 rounds the activations of bf16 matmuls to bf16 (llama.cpp's contract), so on
 //!   fixtures with bf16 weights its logits are held to a rounding-sized bound instead

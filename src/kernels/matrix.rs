@@ -7,6 +7,8 @@
 //! (weights derived at load, tests, random models). Both look like `&[T]` to the kernels.
 
 use std::any::Any;
+
+use super::gemm::STRIP;
 use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -102,13 +104,18 @@ impl<T: Copy + Send + Sync + 'static> From<Vec<T>> for WeightBuf<T> {
     }
 }
 
-/// Storage of a weight matrix. All variants are row-major [rows, cols].
+/// Storage of a weight matrix. All variants but `Bf16Strips` are row-major [rows, cols].
 #[derive(Clone, Debug)]
 pub enum MatrixData {
     /// f32 weights.
     F32(WeightBuf<f32>),
     /// bf16 weights as raw bit patterns.
     Bf16(WeightBuf<u16>),
+    /// bf16 weights in strips of 16 rows interleaved by column, [rows / 16, cols, 16] (see
+    /// `gemm/strips.rs`): the `avx2` level's layout ([`Matrix::into_strips`]). Its matmuls sum
+    /// each element in one sequential chain over the columns, not in the 8 lanes of the
+    /// row-major variants: the layout fixes the order, on every level.
+    Bf16Strips(WeightBuf<u16>),
     /// f16 weights (kept as f16; widened in the kernels, exactly).
     F16(WeightBuf<half::f16>),
     /// fp8 e4m3fn bytes with block scales: W[i, j] = fp8[i, j] * scale_inv[i / block_rows, j / block_cols];
@@ -193,14 +200,69 @@ impl Matrix {
         }
     }
 
+    /// This bf16 matrix in strips of 16 rows ([`MatrixData::Bf16Strips`], a packed copy) when
+    /// its rows are a multiple of 16; any other matrix unchanged. Changes the matmuls' summation
+    /// order (see the variant), so a model converts all its matrices or none, before first use.
+    pub fn into_strips(self) -> Matrix {
+        match &self.data {
+            MatrixData::Bf16(v) if self.rows.is_multiple_of(STRIP) && self.rows > 0 => {
+                let packed = aligned_u16(v.len(), |out| {
+                    super::gemm::pack_strips(v, self.rows, self.cols, out)
+                });
+                Matrix {
+                    data: MatrixData::Bf16Strips(packed),
+                    ..self
+                }
+            }
+            _ => self,
+        }
+    }
+
+    /// The bf16 weights row-major [rows, cols] (a copy for strips; `None` for other dtypes):
+    /// for readers that need rows (weight absorption, device uploads).
+    pub fn bf16_row_major(&self) -> Option<std::borrow::Cow<'_, [u16]>> {
+        match &self.data {
+            MatrixData::Bf16(v) => Some(std::borrow::Cow::Borrowed(&v[..])),
+            MatrixData::Bf16Strips(v) => {
+                let (rows, cols) = (self.rows, self.cols);
+                let mut out = vec![0u16; rows * cols]; // [rows, cols]
+                for r in 0..rows {
+                    for c in 0..cols {
+                        out[r * cols + c] = super::gemm::strips_at(v, cols, r, c);
+                    }
+                }
+                Some(std::borrow::Cow::Owned(out))
+            }
+            _ => None,
+        }
+    }
+
+    /// This matrix row-major: bf16 strips unpacked into a copy, any other storage shared.
+    pub fn row_major(&self) -> Matrix {
+        match (&self.data, self.bf16_row_major()) {
+            (MatrixData::Bf16Strips(_), Some(v)) => Matrix {
+                data: MatrixData::Bf16(v.into_owned().into()),
+                ..self.clone()
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// Rows [r0, r0 + n) as a matrix sharing this one's storage (no copy). fp8 views must start
-    /// on a scale-block boundary.
+    /// on a scale-block boundary, bf16 strips views on a strip boundary.
     pub fn rows_view(&self, r0: usize, n: usize) -> Matrix {
         assert!(r0 + n <= self.rows, "Matrix::rows_view out of range");
         let c = self.cols;
         let data = match &self.data {
             MatrixData::F32(v) => MatrixData::F32(v.slice(r0 * c, n * c)),
             MatrixData::Bf16(v) => MatrixData::Bf16(v.slice(r0 * c, n * c)),
+            MatrixData::Bf16Strips(v) => {
+                assert!(
+                    r0.is_multiple_of(STRIP) && n.is_multiple_of(STRIP),
+                    "Matrix::rows_view: bf16 strips view off a strip boundary"
+                );
+                MatrixData::Bf16Strips(v.slice(r0 * c, n * c))
+            }
             MatrixData::F16(v) => MatrixData::F16(v.slice(r0 * c, n * c)),
             MatrixData::Fp8 {
                 data,
@@ -246,7 +308,7 @@ impl Matrix {
     pub fn nbytes(&self) -> usize {
         match &self.data {
             MatrixData::F32(v) => v.len() * 4,
-            MatrixData::Bf16(v) => v.len() * 2,
+            MatrixData::Bf16(v) | MatrixData::Bf16Strips(v) => v.len() * 2,
             MatrixData::F16(v) => v.len() * 2,
             MatrixData::Fp8 {
                 data, scale_inv, ..
@@ -257,7 +319,7 @@ impl Matrix {
     pub fn bytes_per_weight(&self) -> usize {
         match &self.data {
             MatrixData::F32(_) => 4,
-            MatrixData::Bf16(_) | MatrixData::F16(_) => 2,
+            MatrixData::Bf16(_) | MatrixData::Bf16Strips(_) | MatrixData::F16(_) => 2,
             MatrixData::Fp8 { .. } => 1,
         }
     }
@@ -265,7 +327,7 @@ impl Matrix {
     pub fn dtype_name(&self) -> &'static str {
         match &self.data {
             MatrixData::F32(_) => "f32",
-            MatrixData::Bf16(_) => "bf16",
+            MatrixData::Bf16(_) | MatrixData::Bf16Strips(_) => "bf16",
             MatrixData::F16(_) => "f16",
             MatrixData::Fp8 { .. } => "fp8_e4m3",
         }
@@ -273,5 +335,20 @@ impl Matrix {
     /// Number of weights.
     pub fn numel(&self) -> usize {
         self.rows * self.cols
+    }
+}
+
+/// A `len`-word buffer whose start is 64-byte aligned, filled by `fill` (the strips' 32-byte
+/// loads then never split a cache line), as a [`WeightBuf`].
+fn aligned_u16(len: usize, fill: impl FnOnce(&mut [u16])) -> WeightBuf<u16> {
+    let mut v = vec![0u16; len + 32];
+    let skip = v.as_ptr().align_offset(64).min(32);
+    fill(&mut v[skip..skip + len]);
+    let owner = Arc::new(v);
+    // SAFETY: [skip, skip + len) lies inside the Vec `owner` keeps alive, which nothing mutates
+    // after this point; u16 alignment holds for any even byte offset.
+    unsafe {
+        let ptr = owner.as_ptr().add(skip);
+        WeightBuf::borrowed(owner, ptr, len)
     }
 }

@@ -8,7 +8,11 @@
 //! batch, the rayon pool size, how rows are split among threads — or, among portable / avx2 /
 //! avx512, the ISA (`isa.rs`: chosen at run time, pinned per thread). The portable fallback is
 //! bitwise equal to those SIMD paths. The `amx` level's bf16 matmuls keep a fixed order of their
-//! own (batch-invariant on that level; within a stated tolerance of the others).
+//! own (batch-invariant on that level; within a stated tolerance of the others). bf16 matrices
+//! packed in strips of 16 rows (`MatrixData::Bf16Strips`: what models load as on a CPU whose
+//! best level is `avx2`, `gemm/strips.rs`) are summed in one sequential chain per element
+//! instead — the same on every level (portable included) and for every batch: the layout,
+//! fixed when a model is loaded, fixes the order.
 //!
 //! Files: `gemm.rs` (matmul over f32 / bf16 / fp8 weights), `vec_ops.rs` (dot, norms, softmax,
 //! activations, row lookup), `weighted_sum.rs` (attention's value pass over many rows), `rows.rs` (borrowed rows in
@@ -41,6 +45,8 @@ mod simd;
 mod simd512;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_strips;
 mod vec_ops;
 mod weighted_sum;
 
@@ -48,6 +54,7 @@ pub use bandwidth::{measure_peak_dot_flops, measure_peak_flops, measure_read_ban
 pub use cache_info::{last_level_cache_bytes, stays_cached};
 #[cfg(target_arch = "x86_64")]
 pub use gemm::set_avx2_token_tiles;
+pub use gemm::strips_by_default;
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};

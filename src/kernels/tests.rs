@@ -8,18 +8,18 @@ use super::vec_ops::{dot_rows_with, dot_with};
 use super::*;
 
 /// xorshift64* — deterministic test data without extra crates.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
-    fn f32(&mut self) -> f32 {
+    pub(super) fn f32(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
+    pub(super) fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.f32()).collect()
     }
 }
@@ -41,15 +41,18 @@ fn e4m3_exact(b: u8) -> Option<f64> {
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Kind {
+pub(super) enum Kind {
     F32,
     Bf16,
     F16,
     /// fp8 with (block_rows, block_cols)
     Fp8(usize, usize),
+    /// bf16 in strips of 16 rows (`Matrix::into_strips`; row-major when rows are not a
+    /// multiple of 16)
+    Bf16Strips,
 }
 
-fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix {
+pub(super) fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix {
     match kind {
         Kind::F32 => Matrix::from_f32(rows, cols, rng.vec(rows * cols)),
         Kind::Bf16 => {
@@ -58,6 +61,7 @@ fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix 
                 .collect();
             Matrix::from_bf16(rows, cols, d)
         }
+        Kind::Bf16Strips => random_matrix(rng, Kind::Bf16, rows, cols).into_strips(),
         Kind::F16 => {
             let d: Vec<half::f16> = (0..rows * cols)
                 .map(|_| half::f16::from_f32(rng.f32()))
@@ -81,11 +85,14 @@ fn random_matrix(rng: &mut Rng, kind: Kind, rows: usize, cols: usize) -> Matrix 
 }
 
 /// W[r, k] as f64, from the format definitions (not from the kernels' decoders).
-fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
+pub(super) fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
     let i = r * w.cols + k;
     match &w.data {
         MatrixData::F32(d) => d[i] as f64,
         MatrixData::Bf16(d) => f32::from_bits((d[i] as u32) << 16) as f64,
+        MatrixData::Bf16Strips(d) => {
+            f32::from_bits((super::gemm::strips_at(d, w.cols, r, k) as u32) << 16) as f64
+        }
         MatrixData::F16(d) => d[i].to_f64(),
         MatrixData::Fp8 {
             data,
@@ -99,7 +106,7 @@ fn w_exact(w: &Matrix, r: usize, k: usize) -> f64 {
     }
 }
 
-fn pool(threads: usize) -> rayon::ThreadPool {
+pub(super) fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -197,32 +204,39 @@ fn matmul_matches_f64_reference() {
         ] {
             let w = random_matrix(&mut rng, kind, rows, cols);
             for n in [1, 2, 3, 5, 8, 70] {
-                let x = rng.vec(n * cols); // [n, cols]
-                let mut y = vec![0.0f32; n * rows]; // [n, rows]
-                matmul(&w, &x, n, &mut y);
-                for t in 0..n {
-                    for r in 0..rows {
-                        let (mut s, mut mag) = (0.0f64, 0.0f64);
-                        for k in 0..cols {
-                            let p = w_exact(&w, r, k) * x[t * cols + k] as f64;
-                            s += p;
-                            mag += p.abs();
-                        }
-                        let got = y[t * rows + r] as f64;
-                        assert!(
-                            (got - s).abs() <= 1e-5 * mag + 1e-30,
-                            "{kind:?} {rows}x{cols} n={n} t={t} r={r}: {got} vs {s}"
-                        );
-                    }
-                }
+                assert_matmul_near_f64(&mut rng, &w, n, &format!("{kind:?}"));
             }
+        }
+    }
+}
+
+/// `matmul` of `w` over n random tokens: every element within 1e-5 of the summed magnitudes of
+/// its exact f64 sum.
+pub(super) fn assert_matmul_near_f64(rng: &mut Rng, w: &Matrix, n: usize, label: &str) {
+    let (rows, cols) = (w.rows, w.cols);
+    let x = rng.vec(n * cols); // [n, cols]
+    let mut y = vec![0.0f32; n * rows]; // [n, rows]
+    matmul(w, &x, n, &mut y);
+    for t in 0..n {
+        for r in 0..rows {
+            let (mut s, mut mag) = (0.0f64, 0.0f64);
+            for k in 0..cols {
+                let p = w_exact(w, r, k) * x[t * cols + k] as f64;
+                s += p;
+                mag += p.abs();
+            }
+            let got = y[t * rows + r] as f64;
+            assert!(
+                (got - s).abs() <= 1e-5 * mag + 1e-30,
+                "{label} {rows}x{cols} n={n} t={t} r={r}: {got} vs {s}"
+            );
         }
     }
 }
 
 /// y[t] for a token placed at every position among random neighbours, for every n and pool
 /// size, must be bit-identical to the single-token result.
-fn check_batch_invariance(
+pub(super) fn check_batch_invariance(
     isa: Isa,
     kind: Kind,
     rows: usize,

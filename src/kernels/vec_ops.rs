@@ -202,6 +202,11 @@ pub fn matrix_row_f32(w: &Matrix, r: usize, out: &mut [f32]) {
                 *o = lanes::bf16_to_f32(*b);
             }
         }
+        WRef::Bf16Strips(d) => {
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = lanes::bf16_to_f32(super::gemm::strips_at(d, cols, r, c));
+            }
+        }
         WRef::F16(d) => {
             for (o, b) in out.iter_mut().zip(&d[r * cols..(r + 1) * cols]) {
                 *o = b.to_f32();

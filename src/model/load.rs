@@ -61,7 +61,7 @@ impl Model {
         };
         let c = &config;
         let h = c.hidden_size;
-        let embed = ld.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
+        let embed = ld.table("model.embed_tokens.weight", c.vocab_size, h)?; // read by rows
         let lm_head = if c.tie_word_embeddings && !ld.has("lm_head.weight") {
             None
         } else {
@@ -244,6 +244,10 @@ fn absorb(
     v: usize,
     kv_lora: usize,
 ) -> (Vec<Matrix>, Vec<Matrix>) {
+    // strips (the avx2 level's layout) are absorbed from a row-major copy; the per-head
+    // matrices stay row-major
+    let row_major = kv_b.row_major();
+    let kv_b = &row_major;
     let mut uk = Vec::with_capacity(nh);
     let mut uv = Vec::with_capacity(nh);
     for hd in 0..nh {
@@ -302,6 +306,7 @@ fn absorb(
                     Some(Matrix::from_f32(v, kv_lora, w)),
                 )
             }
+            MatrixData::Bf16Strips(_) => unreachable!("absorbed from the row-major copy"),
         };
         uk.push(k.with_cache_resident(kv_b.cache_resident()));
         uv.push(u.unwrap_or_else(|| kv_b.rows_view(base + nope, v)));

@@ -108,11 +108,29 @@ impl<'a> Loader<'a> {
         Ok((v, q))
     }
 
-    /// Weight matrix `name` of shape [rows, cols] (out_features x in_features).
+    /// Weight matrix `name` of shape [rows, cols] (out_features x in_features), in the layout the
+    /// matmuls of this process take: bf16 in strips of 16 rows where
+    /// [`crate::kernels::strips_by_default`] (the `avx2` level), the mapped bytes released.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let m = self.table(name, rows, cols)?;
+        if !crate::kernels::strips_by_default() {
+            return Ok(m);
+        }
+        let m = m.into_strips();
+        if matches!(m.data, crate::kernels::MatrixData::Bf16Strips(_)) {
+            // the packed copy replaces the mapped bytes
+            WeightStore::release_pages(&self.view(name, &[rows, cols])?);
+        }
+        Ok(m)
+    }
+
+    /// Matrix `name` of shape [rows, cols] row-major in its stored precision, borrowed from the
+    /// mapping when aligned: tables read by rows (the embedding), and what [`Self::matrix`]
+    /// starts from.
+    pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let v = self.view(name, &[rows, cols])?;
         // Every arm: [rows, cols], borrowed from the mapping when aligned.
-        Ok(match v.dtype {
+        let m = match v.dtype {
             DType::F32 => Matrix::from_f32(
                 rows,
                 cols,
@@ -142,7 +160,8 @@ impl<'a> Loader<'a> {
             }
             DType::Other(_) => unreachable!("view() refuses Other"),
         }
-        .with_cache_resident(self.resident))
+        .with_cache_resident(self.resident);
+        Ok(m)
     }
 
     /// 1-D tensor of length `len` as f32 (norm weights, router bias). fp8 is refused: vectors

@@ -361,6 +361,32 @@ impl WeightStore {
         })
     }
 
+    /// Drop this process's mapping of the pages inside `view` (a tensor copied elsewhere at load,
+    /// such as a bf16 matrix packed into strips): without it, the pages the copy read stay in
+    /// the resident set beside the copy. Only for mapped files — a later read faults the same
+    /// bytes back in from the file; copied backings are left alone. Never changes a value.
+    pub fn release_pages(view: &TensorView<'_>) {
+        const PAGE: usize = 4096;
+        #[cfg(unix)]
+        if let Some(Backing::Mmap(m)) = view.owner.downcast_ref::<Backing>() {
+            let base = m.as_ptr() as usize;
+            let (a, b) = (
+                view.data.as_ptr() as usize,
+                view.data.as_ptr() as usize + view.data.len(),
+            );
+            let (a, b) = (a.next_multiple_of(PAGE), b / PAGE * PAGE);
+            if a < b && a >= base && b <= base + m.len() {
+                // SAFETY: a read-only private mapping of a file the engine treats as immutable:
+                // MADV_DONTNEED only unmaps its pages, and the next read of them faults the same
+                // file bytes back in; the range lies inside the mapping (checked above).
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a - base, b - a)
+                };
+            }
+        }
+        let _ = (PAGE, view);
+    }
+
     /// Every stored tensor name, in sorted order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|k| k.as_str())

@@ -119,9 +119,9 @@ fn stackable(m: &Moe) -> bool {
     let inter = m.experts.first().map_or(0, |e| e.gate.rows);
     m.experts.iter().all(|e| {
         e.gate.rows == inter
-            && [&e.gate, &e.up, &e.down]
-                .iter()
-                .all(|w| matches!(w.data, MatrixData::Bf16(_)) && w.cols % 8 == 0)
+            && [&e.gate, &e.up, &e.down].iter().all(|w| {
+                matches!(w.data, MatrixData::Bf16(_) | MatrixData::Bf16Strips(_)) && w.cols % 8 == 0
+            })
     })
 }
 

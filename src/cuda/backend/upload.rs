@@ -8,7 +8,11 @@ impl CudaBackend {
         let s = self.gpu.stream().clone();
         let (rows, cols) = (m.rows, m.cols);
         let w = match &m.data {
-            MatrixData::Bf16(v) if cols % 8 == 0 => DevW::Bf16(s.clone_htod(&v[..]).map_err(drv)?),
+            // row-major on the device (strips, the CPU avx2 level's layout, unpacked)
+            MatrixData::Bf16(_) | MatrixData::Bf16Strips(_) if cols % 8 == 0 => {
+                let v = m.bf16_row_major().expect("bf16"); // [rows, cols]
+                DevW::Bf16(s.clone_htod(&v[..]).map_err(drv)?)
+            }
             MatrixData::Fp8 {
                 data,
                 scale_inv,
@@ -121,9 +125,9 @@ impl CudaBackend {
 
     pub(super) fn upload_experts(&mut self, m: &Moe) -> Result<()> {
         let bits = |w: &Matrix| -> Vec<u16> {
-            match &w.data {
-                MatrixData::Bf16(v) => v.to_vec(),
-                _ => unreachable!("stackable() admits bf16 experts only"),
+            match w.bf16_row_major() {
+                Some(v) => v.into_owned(), // [rows, cols]
+                None => unreachable!("stackable() admits bf16 experts only"),
             }
         };
         let inter = m.experts.first().map_or(0, |e| e.gate.rows);

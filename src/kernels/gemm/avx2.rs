@@ -27,6 +27,7 @@ impl Job<'_> {
             WRef::Fp8 { data, .. } => {
                 to_panel::<u8>(data.as_ptr().add(off), cols, nrows, nc, panel)
             }
+            WRef::Bf16Strips(_) => unreachable!("strips matrices take strips.rs"),
         }
         (panel.as_ptr(), nc * LANES)
     }
@@ -171,6 +172,7 @@ impl Job<'_> {
                         }
                             go8!(4, 1; 2, 3; 2, 2; 2, 1; 1, 3; 1, 2; 1, 1)
                         }
+                        WRef::Bf16Strips(_) => unreachable!("strips matrices take strips.rs"),
                     }
                     t0 += nr;
                 }

@@ -96,6 +96,7 @@ impl Job<'_> {
                             }
                             go8!(2, 5; 2, 4; 2, 3; 2, 2; 2, 1; 1, 5; 1, 4; 1, 3; 1, 2; 1, 1)
                         }
+                        WRef::Bf16Strips(_) => unreachable!("strips matrices take strips.rs"),
                     }
                     t0 += nt;
                 }

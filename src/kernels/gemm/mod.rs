@@ -35,6 +35,10 @@ mod avx512;
 mod bf16dot;
 #[cfg(target_arch = "x86_64")]
 mod f16x64;
+mod strips;
+
+pub use strips::strips_by_default;
+pub(crate) use strips::{at as strips_at, pack as pack_strips, STRIP};
 
 use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};
@@ -65,6 +69,8 @@ const NR: usize = 3;
 pub(crate) enum WRef<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    /// [rows / 16, cols, 16] (`strips.rs`)
+    Bf16Strips(&'a [u16]),
     F16(&'a [half::f16]),
     Fp8 {
         data: &'a [u8],
@@ -79,6 +85,7 @@ impl<'a> WRef<'a> {
         match &w.data {
             MatrixData::F32(v) => WRef::F32(v),
             MatrixData::Bf16(v) => WRef::Bf16(v),
+            MatrixData::Bf16Strips(v) => WRef::Bf16Strips(v),
             MatrixData::F16(v) => WRef::F16(v),
             MatrixData::Fp8 {
                 data,
@@ -651,6 +658,19 @@ impl Job<'_> {
     fn row_block(&self, r0: usize, out: &mut [f32], s: &mut Scratch) {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
+        if let WRef::Bf16Strips(w) = self.w {
+            // One order on every level (strips.rs); the AVX2 kernels wherever AVX2 runs.
+            #[cfg(target_arch = "x86_64")]
+            if self.isa.simd() {
+                // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected; row
+                // blocks start at multiples of ROW_BLOCK_GEMV / ROW_BLOCK_GEMM (multiples of
+                // 16) and a strips matrix has a multiple of 16 rows.
+                unsafe { strips::row_block_avx2(w, cols, self.x, n, r0, out) };
+                return;
+            }
+            strips::row_block_portable(w, cols, self.x, n, r0, out);
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if bf16dot::applies_fp8(self.isa, self.w, cols) {
             // SAFETY: applies_fp8 holds only on the avx512bf16 level (AVX-512 + AVX512-BF16)
@@ -767,6 +787,7 @@ impl Job<'_> {
                         *o = lanes::fp8_unscaled(*b);
                     }
                 }
+                WRef::Bf16Strips(_) => unreachable!("strips matrices take strips.rs"),
             }
             for (t, o) in orow.iter_mut().enumerate() {
                 let xt = &self.x[t * cols..(t + 1) * cols];
@@ -794,6 +815,7 @@ impl Job<'_> {
                 WRef::Fp8 {
                     data, block_cols, ..
                 } => lanes::fp8_unscaled(data[wr * cols + k]) * sc256[k / block_cols],
+                WRef::Bf16Strips(_) => unreachable!("strips matrices have no lane tails"),
             };
             acc = wv.mul_add(xt[k], acc);
         }
