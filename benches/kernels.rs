@@ -365,16 +365,26 @@ fn l2_probe() {
 
 /// `cargo bench --bench kernels -- l2-tiles`: the several-token direct tiles' compute rate with
 /// memory out of the way — one thread, one L2-resident 240 x 1408 bf16 matrix (660 KiB), then
-/// a 960 x 256 one (short rows: a tile's fixed costs weigh more), at n = 1..16 tokens, on every
-/// SIMD level: GFLOP/s and the fraction of the one-thread f32 FMA peak (`measure_peak_flops`),
-/// best of 7 (each 400 products).
+/// a 960 x 256 one (short rows: a tile's fixed costs weigh more), each row-major and in bf16
+/// strips (`Matrix::into_strips`), at n = 1..16 tokens, on every SIMD level: GFLOP/s and the
+/// fraction of the one-thread f32 FMA peak (`measure_peak_flops`), best of 7 (each 400 products).
 fn l2_tiles() {
-    for (rows, cols) in [(240, 1408), (960, 256)] {
+    for (rows, cols, strips) in [
+        (240, 1408, false),
+        (240, 1408, true),
+        (960, 256, false),
+        (960, 256, true),
+    ] {
         let w = bf16_matrix(17, rows, cols);
+        let (w, layout) = if strips {
+            (w.into_strips(), "strips")
+        } else {
+            (w, "rows")
+        };
         for isa in Isa::available().into_iter().filter(|i| i.simd()) {
             let p = pool_isa(1, isa);
             let peak = p.install(|| measure_peak_flops(5));
-            let line: Vec<String> = [1usize, 2, 4, 8, 9, 16]
+            let line: Vec<String> = [1usize, 2, 3, 4, 5, 8, 9, 16]
                 .iter()
                 .map(|&n| {
                     let x: Vec<f32> = activations(3, n * cols); // [n, cols]
@@ -391,7 +401,7 @@ fn l2_tiles() {
                 })
                 .collect();
             println!(
-                "{isa:8} {rows}x{cols} bf16, 1 thr, peak {:5.1} GFLOP/s: {}",
+                "{isa:8} {rows}x{cols} bf16 {layout:6}, 1 thr, peak {:5.1} GFLOP/s: {}",
                 peak / 1e9,
                 line.join(", ")
             );
@@ -499,10 +509,18 @@ fn f16_walk() {
 /// a wide MLP; 144 MiB). `smalln-experts`: 64 routed-expert matrices of the widened target
 /// (768x1536, then 1536x768; 144 MiB each walk). `smalln-dense`: 4 of its layer-0 down projection
 /// (1536x12288; 144 MiB). `smalln-tall`: 4 of its layer-0 gate / up projections (12288x1536),
-/// then 8 of its shared experts' (6144x1536).
+/// then 8 of its shared experts' (6144x1536). Each walk row-major, then in bf16 strips.
 fn small_n(rows: usize, cols: usize, count: u64) {
+    for layout in ["rows", "strips"] {
+        small_n_walk(rows, cols, count, layout == "strips", layout);
+    }
+}
+
+/// One layout of [`small_n`]: row-major bf16, or bf16 strips (`Matrix::into_strips`).
+fn small_n_walk(rows: usize, cols: usize, count: u64, strips: bool, layout: &str) {
     let ws: Vec<Matrix> = (0..count)
         .map(|e| bf16_matrix(200 + e, rows, cols))
+        .map(|w| if strips { w.into_strips() } else { w })
         .collect();
     let bytes: usize = ws.iter().map(Matrix::nbytes).sum();
     for isa in Isa::available() {
@@ -522,7 +540,7 @@ fn small_n(rows: usize, cols: usize, count: u64) {
                 t1 = t;
             }
             println!(
-                "{isa:8} n={n:2}: {:6.2} ms/walk = {:5.2}x n=1, weights {:6.2} GB/s",
+                "{isa:8} {layout:6} {rows}x{cols} n={n:2}: {:6.2} ms/walk = {:5.2}x n=1, weights {:6.2} GB/s",
                 t * 1e3,
                 t / t1,
                 bytes as f64 / t / 1e9

@@ -8,8 +8,11 @@
 //! column (`[rows / 16][cols][16]`), so one 32-byte load decodes — one shift, one AND — into
 //! the weights of 16 rows at one column, and each token's activation at that column is one
 //! broadcast: a 16-row x 6-token tile is 12 FMAs per column on 12 accumulators with 2 decodes
-//! (0.98-0.99 of the FMA peak in L2 at 4-16 tokens in a C prototype on Zen 3, against 0.68-0.82),
-//! and a matrix is one sequential stream per strip.
+//! (0.98-0.99 of the FMA peak in L2 at 4-16 tokens in a C prototype on Zen 3, against 0.68-0.82;
+//! 0.92-0.94 here, `cargo bench --bench kernels -- l2-tiles`), and a matrix is one sequential
+//! stream per strip. The first token tile over a strip (group) prefetches the next one's lines:
+//! without it a 3-4-token walk over DRAM-resident strips cost its bytes' time plus its
+//! multiply-adds' (docs/BENCHMARKS.md "bf16 strips").
 //!
 //! Order (the guarantee): every element y[t][r] is the sequential chain
 //! `acc = fma(w[r][c], x[t][c], acc)` for c = 0, 1, ..., cols - 1 from acc = 0 — whatever n, the
@@ -123,6 +126,7 @@ pub(crate) use simd::row_block_avx2;
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{tile_sizes, MAX_NT, STRIP, TOKEN_BLOCK};
+    use crate::kernels::prefetch::{prefetch_line, prefetch_to_l2};
     use std::arch::x86_64::*;
 
     /// S strips x NT tokens over all `cols` columns, written to `out[(s * 16 + k) * on + j]`
@@ -139,22 +143,41 @@ mod simd {
         cols: usize,
         out: *mut f32,
         on: usize,
+        pf: Option<bool>,
     ) {
         let hi_mask = _mm256_set1_epi32(0xffff_0000u32 as i32);
         let mut a = [[[_mm256_setzero_ps(); 2]; NT]; S];
         for c in 0..cols {
-            let mut lo = [_mm256_setzero_ps(); S];
-            let mut hi = [_mm256_setzero_ps(); S];
+            // the next S strips, one 64-byte line (two columns) per strip every other column
+            if let Some(l2) = pf {
+                if c % 2 == 0 {
+                    for s in 0..S {
+                        let p = w.wrapping_add((S + s) * ss + c * STRIP);
+                        prefetch_line(p as *const i8, l2);
+                    }
+                }
+            }
+            // strip by strip: its two decoded halves live at a time, so 2 x S x NT
+            // accumulators up to 12 never spill
+            // (several strips: at most 2 tokens, whose broadcasts are loaded once)
+            let mut bs = [_mm256_setzero_ps(); NT];
+            if S > 1 {
+                for (j, b) in bs.iter_mut().enumerate() {
+                    *b = _mm256_broadcast_ss(&*x.add(j * xs + c));
+                }
+            }
             for s in 0..S {
                 let v = _mm256_loadu_si256(w.add(s * ss + c * STRIP) as *const __m256i);
-                lo[s] = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
-                hi[s] = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
-            }
-            for j in 0..NT {
-                let b = _mm256_broadcast_ss(&*x.add(j * xs + c));
-                for s in 0..S {
-                    a[s][j][0] = _mm256_fmadd_ps(lo[s], b, a[s][j][0]);
-                    a[s][j][1] = _mm256_fmadd_ps(hi[s], b, a[s][j][1]);
+                let lo = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
+                let hi = _mm256_castsi256_ps(_mm256_and_si256(v, hi_mask));
+                for j in 0..NT {
+                    let b = if S > 1 {
+                        bs[j]
+                    } else {
+                        _mm256_broadcast_ss(&*x.add(j * xs + c))
+                    };
+                    a[s][j][0] = _mm256_fmadd_ps(lo, b, a[s][j][0]);
+                    a[s][j][1] = _mm256_fmadd_ps(hi, b, a[s][j][1]);
                 }
             }
         }
@@ -170,12 +193,14 @@ mod simd {
         }
     }
 
-    /// Strips per register tile for a token tile of `nt`: 2 x S x NT accumulators <= 12 of the
-    /// 16 ymm registers (the rest: the decoded strips and the broadcast).
+    /// Strips per register tile for a token tile of `nt` (2 x S x NT accumulators; the rest of
+    /// the 16 ymm registers: a strip's two decoded halves and the broadcasts). One token: 4
+    /// strips (8 dot chains, enough to hide the FMA latency); two: 2; three or more: 1 (a 2 x 3
+    /// tile spilled: 0.43 of the FMA peak in `l2-tiles` against 0.70 for 1 x 3, Zen 3).
     fn strips_per_tile(nt: usize) -> usize {
         match nt {
             1 => 4,
-            2 | 3 => 2,
+            2 => 2,
             _ => 1,
         }
     }
@@ -201,6 +226,9 @@ mod simd {
         let ss = STRIP * cols;
         let strips = nrows / STRIP;
         let (wp, xp, o) = (w.as_ptr().add(r0 * cols), x.as_ptr(), out.as_mut_ptr());
+        // strips in the whole matrix: the next group may be prefetched while it exists
+        let total = w.len() / ss.max(1);
+        let l2 = prefetch_to_l2();
         for tb0 in (0..n).step_by(TOKEN_BLOCK) {
             let nb = TOKEN_BLOCK.min(n - tb0);
             // a block of up to 3 tokens is one tile over several strips at once; else one strip
@@ -210,6 +238,8 @@ mod simd {
             while s0 < strips {
                 let g = if strips - s0 >= group { group } else { 1 };
                 let mut t0 = tb0;
+                // The first token tile over these strips prefetches the next group's.
+                let next_ok = r0 / STRIP + s0 + 2 * g <= total;
                 for nt in tile_sizes(nb) {
                     debug_assert!(nt <= MAX_NT);
                     let (wt, xt, ot) = (
@@ -217,16 +247,16 @@ mod simd {
                         xp.add(t0 * cols),
                         o.add(s0 * STRIP * n + t0),
                     );
+                    let pf = (t0 == tb0 && next_ok).then_some(l2);
                     match (g, nt) {
-                        (4, 1) => tile::<4, 1>(wt, ss, xt, cols, cols, ot, n),
-                        (2, 2) => tile::<2, 2>(wt, ss, xt, cols, cols, ot, n),
-                        (2, 3) => tile::<2, 3>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 1) => tile::<1, 1>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 2) => tile::<1, 2>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 3) => tile::<1, 3>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 4) => tile::<1, 4>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 5) => tile::<1, 5>(wt, ss, xt, cols, cols, ot, n),
-                        (1, 6) => tile::<1, 6>(wt, ss, xt, cols, cols, ot, n),
+                        (4, 1) => tile::<4, 1>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (2, 2) => tile::<2, 2>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 1) => tile::<1, 1>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 2) => tile::<1, 2>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 3) => tile::<1, 3>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 4) => tile::<1, 4>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 5) => tile::<1, 5>(wt, ss, xt, cols, cols, ot, n, pf),
+                        (1, 6) => tile::<1, 6>(wt, ss, xt, cols, cols, ot, n, pf),
                         _ => unreachable!("strips tile {g} x {nt}"),
                     }
                     t0 += nt;
