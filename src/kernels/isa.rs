@@ -218,6 +218,7 @@ impl Isa {
     pub fn describe(&self) -> String {
         match self.level {
             IsaLevel::Portable => "portable (scalar lanes.rs kernels)".into(),
+            IsaLevel::Avx2 if super::strips_by_default() => "avx2 (AVX2+FMA+F16C: bf16 weights in strips of 16 rows, 16-row x 1-6-token outer-product tiles, one sequential chain per element; other weights 8-lane GEMV/GEMM register tiles)".into(),
             IsaLevel::Avx2 => "avx2 (AVX2+FMA+F16C: 8-lane GEMV/GEMM register tiles)".into(),
             IsaLevel::Avx512Bf16 => format!(
                 "avx512bf16 (AVX512-BF16 vdpbf16ps for bf16 matmuls at every token count, activations rounded to bf16, 1 row x 1 token (fp8: 8 rows), 1 row x 2-6 tokens where their activations fit L1, 3 rows x 7 or 2 rows x 8-9 tokens (rows of 1024 columns or more; past 27 KB of activations span by span with the L1 tile prefetch hint, else 4 x 6 + 4 x 3) or 4 rows x 6 tokens per register tile{}; f16 matmuls in a 64-lane f32 order, 1 row x 1-6 tokens or 4 rows x 6 tokens in quarter passes; everything else as {})",
