@@ -226,11 +226,7 @@ impl Matrix {
             MatrixData::Bf16Strips(v) => {
                 let (rows, cols) = (self.rows, self.cols);
                 let mut out = vec![0u16; rows * cols]; // [rows, cols]
-                for r in 0..rows {
-                    for c in 0..cols {
-                        out[r * cols + c] = super::gemm::strips_at(v, cols, r, c);
-                    }
-                }
+                super::gemm::unpack_strips(v, rows, cols, &mut out);
                 Some(std::borrow::Cow::Owned(out))
             }
             _ => None,
@@ -249,20 +245,18 @@ impl Matrix {
     }
 
     /// Rows [r0, r0 + n) as a matrix sharing this one's storage (no copy). fp8 views must start
-    /// on a scale-block boundary, bf16 strips views on a strip boundary.
+    /// on a scale-block boundary; a bf16 strips view off a strip boundary is a row-major copy.
     pub fn rows_view(&self, r0: usize, n: usize) -> Matrix {
         assert!(r0 + n <= self.rows, "Matrix::rows_view out of range");
         let c = self.cols;
         let data = match &self.data {
             MatrixData::F32(v) => MatrixData::F32(v.slice(r0 * c, n * c)),
             MatrixData::Bf16(v) => MatrixData::Bf16(v.slice(r0 * c, n * c)),
-            MatrixData::Bf16Strips(v) => {
-                assert!(
-                    r0.is_multiple_of(STRIP) && n.is_multiple_of(STRIP),
-                    "Matrix::rows_view: bf16 strips view off a strip boundary"
-                );
+            MatrixData::Bf16Strips(v) if r0.is_multiple_of(STRIP) && n.is_multiple_of(STRIP) => {
                 MatrixData::Bf16Strips(v.slice(r0 * c, n * c))
             }
+            // off a strip boundary: a row-major copy of the rows (their own, lanes.rs order)
+            MatrixData::Bf16Strips(_) => return self.row_major().rows_view(r0, n),
             MatrixData::F16(v) => MatrixData::F16(v.slice(r0 * c, n * c)),
             MatrixData::Fp8 {
                 data,

@@ -73,6 +73,16 @@ fn strips_pack_round_trips_and_reads_rows() {
             assert_eq!(&yv[..], &yf[16..32], "{rows}x{cols} view");
         }
     }
+    // a view off a strip boundary reads the same rows (from a row-major copy)
+    let st = random_matrix(&mut rng, Kind::Bf16Strips, 48, 33);
+    let v = st.rows_view(5, 20);
+    assert!(matches!(v.data, MatrixData::Bf16(_)));
+    let (mut a, mut b) = (vec![0f32; 33], vec![0f32; 33]);
+    for r in 0..20 {
+        matrix_row_f32(&v, r, &mut a);
+        matrix_row_f32(&st, 5 + r, &mut b);
+        assert_eq!(a, b, "off-boundary view row {r}");
+    }
     // rows that are not a multiple of 16, and other dtypes, stay as they are
     let odd = random_matrix(&mut rng, Kind::Bf16, 37, 20).into_strips();
     assert!(matches!(odd.data, MatrixData::Bf16(_)));

@@ -38,7 +38,7 @@ mod f16x64;
 mod strips;
 
 pub use strips::strips_by_default;
-pub(crate) use strips::{at as strips_at, pack as pack_strips, STRIP};
+pub(crate) use strips::{at as strips_at, pack as pack_strips, unpack as unpack_strips, STRIP};
 
 use super::aligned::AlignedBuf;
 use super::lanes::{self, LANES};

@@ -65,8 +65,7 @@ pub(crate) fn pack(w: &[u16], rows: usize, cols: usize, out: &mut [u16]) {
     if cols == 0 {
         return;
     }
-    // strips in parallel: a model's matrices are packed at load (1.7 GB took 1.4-1.7 s on one
-    // thread of a Zen 3)
+    // strips in parallel on the pool: the pack is most of a strips model's load
     out.par_chunks_exact_mut(STRIP * cols)
         .enumerate()
         .for_each(|(s, strip)| {
@@ -78,6 +77,24 @@ pub(crate) fn pack(w: &[u16], rows: usize, cols: usize, out: &mut [u16]) {
                 }
             }
         });
+}
+
+/// Unpack strips `w: [rows / 16, cols, 16]` into row-major `out: [rows, cols]` ([`pack`]'s
+/// inverse).
+pub(crate) fn unpack(w: &[u16], rows: usize, cols: usize, out: &mut [u16]) {
+    assert!(rows.is_multiple_of(STRIP) && w.len() == rows * cols && out.len() == w.len());
+    if cols == 0 {
+        return;
+    }
+    for (s, strip) in w.chunks_exact(STRIP * cols).enumerate() {
+        for k in 0..STRIP {
+            let row = &mut out[(s * STRIP + k) * cols..(s * STRIP + k + 1) * cols];
+            let e = word_of_row(k);
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = strip[c * STRIP + e];
+            }
+        }
+    }
 }
 
 /// Element (r, c) of a strips matrix with `cols` columns.
