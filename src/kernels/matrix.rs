@@ -8,6 +8,7 @@
 
 use std::any::Any;
 
+use super::aligned::AlignedBuf;
 use super::gemm::STRIP;
 use std::fmt;
 use std::ops::Deref;
@@ -235,11 +236,14 @@ impl Matrix {
 
     /// This matrix row-major: bf16 strips unpacked into a copy, any other storage shared.
     pub fn row_major(&self) -> Matrix {
-        match (&self.data, self.bf16_row_major()) {
-            (MatrixData::Bf16Strips(_), Some(v)) => Matrix {
-                data: MatrixData::Bf16(v.into_owned().into()),
-                ..self.clone()
-            },
+        match &self.data {
+            MatrixData::Bf16Strips(_) => {
+                let v = self.bf16_row_major().expect("bf16").into_owned(); // [rows, cols]
+                Matrix {
+                    data: MatrixData::Bf16(v.into()),
+                    ..self.clone()
+                }
+            }
             _ => self.clone(),
         }
     }
@@ -332,17 +336,14 @@ impl Matrix {
     }
 }
 
-/// A `len`-word buffer whose start is 64-byte aligned, filled by `fill` (the strips' 32-byte
-/// loads then never split a cache line), as a [`WeightBuf`].
+/// A `len`-word buffer in the kernels' 64-byte-aligned [`AlignedBuf`] (the strips' 32-byte
+/// loads then never split a cache line), filled by `fill`, as a [`WeightBuf`].
 fn aligned_u16(len: usize, fill: impl FnOnce(&mut [u16])) -> WeightBuf<u16> {
-    let mut v = vec![0u16; len + 32];
-    let skip = v.as_ptr().align_offset(64).min(32);
-    fill(&mut v[skip..skip + len]);
-    let owner = Arc::new(v);
-    // SAFETY: [skip, skip + len) lies inside the Vec `owner` keeps alive, which nothing mutates
-    // after this point; u16 alignment holds for any even byte offset.
-    unsafe {
-        let ptr = owner.as_ptr().add(skip);
-        WeightBuf::borrowed(owner, ptr, len)
-    }
+    let mut buf = AlignedBuf::default();
+    fill(buf.reuse_u16(len));
+    let owner = Arc::new(buf);
+    let ptr = owner.as_u16().as_ptr();
+    // SAFETY: `ptr` starts `len` initialised words of the buffer `owner` keeps alive, which
+    // nothing mutates after this point.
+    unsafe { WeightBuf::borrowed(owner, ptr, len) }
 }

@@ -112,14 +112,15 @@ impl<'a> Loader<'a> {
     /// matmuls of this process take: bf16 in strips of 16 rows where
     /// [`crate::kernels::strips_by_default`] (the `avx2` level), the mapped bytes released.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let m = self.table(name, rows, cols)?;
+        let v = self.view(name, &[rows, cols])?;
+        let m = self.matrix_of(&v, rows, cols)?;
         if !crate::kernels::strips_by_default() {
             return Ok(m);
         }
         let m = m.into_strips();
         if matches!(m.data, crate::kernels::MatrixData::Bf16Strips(_)) {
             // the packed copy replaces the mapped bytes
-            WeightStore::release_pages(&self.view(name, &[rows, cols])?);
+            WeightStore::release_pages(&v);
         }
         Ok(m)
     }
@@ -128,19 +129,24 @@ impl<'a> Loader<'a> {
     /// mapping when aligned: tables read by rows (the embedding), and what [`Self::matrix`]
     /// starts from.
     pub fn table(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let v = self.view(name, &[rows, cols])?;
+        self.matrix_of(&self.view(name, &[rows, cols])?, rows, cols)
+    }
+
+    /// The row-major matrix of the checked view `v` ([rows, cols]).
+    fn matrix_of(&self, v: &TensorView<'_>, rows: usize, cols: usize) -> Result<Matrix> {
+        let name = v.name;
         // Every arm: [rows, cols], borrowed from the mapping when aligned.
         let m = match v.dtype {
             DType::F32 => Matrix::from_f32(
                 rows,
                 cols,
-                borrow_as::<f32>(&v)
+                borrow_as::<f32>(v)
                     .unwrap_or_else(|| decode_to_f32(&v.dtype, v.data).expect("float").into()),
             ),
             DType::F16 => Matrix::from_f16(
                 rows,
                 cols,
-                borrow_as::<half::f16>(&v).unwrap_or_else(|| {
+                borrow_as::<half::f16>(v).unwrap_or_else(|| {
                     copy_u16(v.data)
                         .into_iter()
                         .map(half::f16::from_bits)
@@ -151,11 +157,11 @@ impl<'a> Loader<'a> {
             DType::BF16 => Matrix::from_bf16(
                 rows,
                 cols,
-                borrow_as::<u16>(&v).unwrap_or_else(|| copy_u16(v.data).into()),
+                borrow_as::<u16>(v).unwrap_or_else(|| copy_u16(v.data).into()),
             ),
             DType::F8E4M3 => {
                 let (scale_inv, q) = self.scales(name, rows, cols)?;
-                let data = borrow_as::<u8>(&v).expect("bytes are always aligned");
+                let data = borrow_as::<u8>(v).expect("bytes are always aligned");
                 Matrix::from_fp8(rows, cols, data, scale_inv, q.block_rows, q.block_cols)
             }
             DType::Other(_) => unreachable!("view() refuses Other"),

@@ -659,16 +659,9 @@ impl Job<'_> {
         let (n, cols) = (self.n, self.cols);
         let nrows = out.len() / n;
         if let WRef::Bf16Strips(w) = self.w {
-            // One order on every level (strips.rs); the AVX2 kernels wherever AVX2 runs.
-            #[cfg(target_arch = "x86_64")]
-            if self.isa.simd() {
-                // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected; row
-                // blocks start at multiples of ROW_BLOCK_GEMV / ROW_BLOCK_GEMM (multiples of
-                // 16) and a strips matrix has a multiple of 16 rows.
-                unsafe { strips::row_block_avx2(w, cols, self.x, n, r0, out) };
-                return;
-            }
-            strips::row_block_portable(w, cols, self.x, n, r0, out);
+            // One order on every level (strips.rs). Row blocks start at multiples of
+            // ROW_BLOCK_GEMV / ROW_BLOCK_GEMM (multiples of 16).
+            strips::row_block(self.isa, w, cols, self.x, n, r0, out);
             return;
         }
         #[cfg(target_arch = "x86_64")]

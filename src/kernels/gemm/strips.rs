@@ -111,10 +111,11 @@ fn tile_sizes(nb: usize) -> impl Iterator<Item = usize> {
     (0..tiles).map(move |i| base + usize::from(i < extra))
 }
 
-/// Portable row block: rows [r0, r0 + out.len() / n) of strips matrix `w` ([rows / 16, cols, 16])
-/// for the n tokens of `x: [n, cols]` into `out: [block rows, n]`, each element the sequential
-/// chain of the module doc.
-pub(crate) fn row_block_portable(
+/// Row block: rows [r0, r0 + out.len() / n) of strips matrix `w` for the n tokens of
+/// `x: [n, cols]` into `out: [block rows, n]` on `isa` — the AVX2 tiles wherever AVX2 runs, else
+/// [`row_block_portable`]; the same bits either way. r0 and the block's rows are multiples of 16.
+pub(crate) fn row_block(
+    isa: crate::kernels::Isa,
     w: &[u16],
     cols: usize,
     x: &[f32],
@@ -122,6 +123,21 @@ pub(crate) fn row_block_portable(
     r0: usize,
     out: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.simd() {
+        // SAFETY: Isa::simd() is true only after avx2, fma and f16c were detected; the row
+        // block's bounds are asserted inside.
+        unsafe { simd::row_block_avx2(w, cols, x, n, r0, out) };
+        return;
+    }
+    let _ = isa; // only the x86_64 tiles read it
+    row_block_portable(w, cols, x, n, r0, out);
+}
+
+/// Portable row block: rows [r0, r0 + out.len() / n) of strips matrix `w` ([rows / 16, cols, 16])
+/// for the n tokens of `x: [n, cols]` into `out: [block rows, n]`, each element the sequential
+/// chain of the module doc.
+fn row_block_portable(w: &[u16], cols: usize, x: &[f32], n: usize, r0: usize, out: &mut [f32]) {
     for (i, orow) in out.chunks_exact_mut(n).enumerate() {
         let r = r0 + i;
         let strip = &w[(r / STRIP) * STRIP * cols..][..STRIP * cols];
@@ -136,9 +152,6 @@ pub(crate) fn row_block_portable(
         }
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) use simd::row_block_avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
