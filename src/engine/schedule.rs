@@ -166,7 +166,10 @@ impl Core {
             spec: self.cfg.spec,
             target: &self.target_cost,
             draft: &self.draft_cost,
-            n_decode: st.n_decode,
+            // a start pays back over the steps after this one, so it is priced at the decode
+            // batch those have: with the requests prefilling now (or admitted this step)
+            // decoding too (`StepDrafts::n_ahead`)
+            n_decode: if catching_up { st.n_ahead } else { st.n_decode },
             // a request that starts drafting after a long lag (a prompt, many plain steps) is
             // priced for its steady drafting to come, when it shares the forward with every
             // request that would then draft (`StepDrafts::sharing_far`; the catch-up is priced
@@ -319,10 +322,14 @@ impl Core {
         if explore && !explorer.is_some_and(|e| self.exploration_affordable(e, n_decode)) {
             explore = false;
         }
+        let n_ahead = (self.running.len() + self.waiting.len())
+            .min(self.cfg.max_running)
+            .max(n_decode);
         let mut st = StepDrafts {
             adaptive,
             kind,
             n_decode,
+            n_ahead,
             sharing: n_decode,
             sharing_far: n_decode,
             explorers,
@@ -498,6 +505,13 @@ struct StepDrafts {
     adaptive: bool,
     kind: StepKind,
     n_decode: usize,
+    /// The decode batch of the steps ahead: the decode requests, those prefilling and those
+    /// waiting to be admitted (up to `max_running`). A request that starts drafting from a lag
+    /// is priced at it: traced on the widened target (MTP, batch 4, requests arriving one a
+    /// step), priced at the 3 decode requests of a step that admitted the fourth, a request
+    /// caught up on 58 positions (+38 ms over the step) and drafted one token, and the next
+    /// step, at batch 4, priced drafting out.
+    n_ahead: usize,
     /// Requests over which a draft forward's fixed cost is priced.
     sharing: usize,
     /// The same for a request that starts drafting from far behind: the requests that would

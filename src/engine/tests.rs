@@ -197,3 +197,81 @@ fn a_draft_model_holding_less_of_a_prefix_catches_up_from_what_it_holds() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&logprobs), bits(&want.logprobs), "log-probs");
 }
+
+/// A request that starts drafting from a lag is priced at the decode batch of the steps that
+/// will pay its catch-up back, not at the step it starts in: with costs under which one drafted
+/// token per request pays at 3 decode requests and not at 4, a lagging request starts where
+/// the batch stays at 3, and not in a step with a fourth request waiting to be admitted (the
+/// same 3 decode requests in it). Priced at this step's 3, the MTP layer caught up on 58
+/// positions in such a step on the widened target and stopped drafting in the next.
+#[test]
+fn a_start_is_priced_at_the_batch_ahead() {
+    let prompts = workload_prompts(4);
+    let cfg = EngineConfig {
+        spec: SpecMode::Adaptive { k_max: 1 },
+        ..adaptive_cfg()
+    };
+    let starts = |waiting: bool| {
+        let e = Engine::new(&repo().join("models/target"), DraftSource::Mtp, cfg.clone())
+            .expect("engine");
+        for p in &prompts[..3] {
+            let mut req = Request::new(Prompt::Tokens(p.clone()));
+            req.sampling.max_tokens = 200;
+            e.submit(req).expect("submit");
+        }
+        for _ in 0..2 {
+            e.step().expect("prefill, then a decode step");
+        }
+        if waiting {
+            let mut req = Request::new(Prompt::Tokens(prompts[3].clone()));
+            req.sampling.max_tokens = 200;
+            e.submit(req).expect("submit the fourth");
+        }
+        let mut core = lock(&e.core);
+        for cmd in e.rx.try_iter() {
+            if let Command::Submit(r) = cmd {
+                core.waiting.push_back(*r); // what the next step's start does
+            }
+        }
+        assert_eq!(core.waiting.len(), usize::from(waiting));
+        assert_eq!(core.n_decode(), 3, "three requests decoding");
+        // plain steps: 30 ms at 3 requests, 30.5 ms at 4 (a memory-bound step); a drafted
+        // token costs 4 ms to verify and 1 ms to draft; 62 % of drafts accepted, well known
+        let mut target = crate::spec::policy::TargetCost::default();
+        for _ in 0..50 {
+            target.observe(3, 3, 0.030);
+            target.observe(4, 4, 0.0305);
+        }
+        for _ in 0..50 {
+            target.observe(3, 4, 0.034);
+            target.observe(4, 5, 0.0345);
+        }
+        let mut draft = crate::spec::policy::LinearCost::default();
+        for n in [1, 2, 3, 4, 1, 2, 3, 4] {
+            draft.observe(n, 0.001 * n as f64);
+        }
+        core.target_cost = target;
+        core.draft_cost = draft;
+        core.pos_alpha = vec![0.62];
+        core.pos_obs = vec![10_000];
+        core.drafter_alpha = 0.62;
+        core.drafter_obs = 10_000;
+        core.idle_draft_steps = 0;
+        core.catch_up_s_per_row = Some(1e-7);
+        for r in core.running.iter_mut() {
+            r.drafted_at = None; // the drafter lags the whole context
+        }
+        assert!(core.policy_informed());
+        let plan = core.schedule(crate::spec::StepKind::Free);
+        plan.iter().filter(|p| p.decode && p.k_model > 0).count()
+    };
+    assert!(
+        starts(false) > 0,
+        "at 3 decode requests, drafting pays: it starts"
+    );
+    assert_eq!(
+        starts(true),
+        0,
+        "with a fourth arriving it would not pay: no start"
+    );
+}
