@@ -151,6 +151,7 @@ impl Core {
             && self.drafter_can_draft(r)
             && st.kind == StepKind::Free
             && st.explorers > 0
+            && st.only.is_none_or(|j| j == i)
             && st.catch_ups.admits(start);
         if !spec_on {
             return (0, Vec::new(), 0);
@@ -325,11 +326,20 @@ impl Core {
         let n_ahead = (self.running.len() + self.waiting.len())
             .min(self.cfg.max_running)
             .max(n_decode);
+        // The uninformed policy's one exploring request is the one whose drafter catches up
+        // least (`explorer_index`, as the periodic explorer's): it teaches the same costs and
+        // acceptance. Traced at lockstep batch 16 on the widened target, the first request in
+        // admission order caught the MTP layer up on its 47-token prompt (+28 ms over the
+        // step, once per engine) where another request's prompt had 22 tokens.
+        let only = (adaptive && !self.policy_informed() && explorers == 1)
+            .then(|| self.explorer_index())
+            .flatten();
         let mut st = StepDrafts {
             adaptive,
             kind,
             n_decode,
             n_ahead,
+            only,
             sharing: n_decode,
             sharing_far: n_decode,
             explorers,
@@ -520,6 +530,8 @@ struct StepDrafts {
     /// Requests that may still draft this step (the informed policy's ramp; the uninformed
     /// one's single explorer).
     explorers: usize,
+    /// The uninformed policy's exploring request, the only one that may draft (None: any).
+    only: Option<usize>,
     /// Whether the periodic explorer is still to draft, and which request it is.
     explore: bool,
     explorer: Option<usize>,
@@ -542,6 +554,7 @@ impl StepDrafts {
             sharing,
             sharing_far: sharing,
             explorers: usize::MAX,
+            only: None,
             explore: false,
             catch_ups: CatchUpBudget::unlimited(),
             ..self.clone()

@@ -275,3 +275,41 @@ fn a_start_is_priced_at_the_batch_ahead() {
         "with a fourth arriving it would not pay: no start"
     );
 }
+
+/// Before the policy has its cost fits, one request explores: the one whose drafter has the
+/// least to catch up on (here the shortest prompt, admitted second), not the first admitted.
+#[test]
+fn the_uninformed_explorer_is_the_cheapest_catch_up() {
+    let prompts = workload_prompts(8);
+    let mut by_len: Vec<&Vec<u32>> = prompts.iter().collect();
+    by_len.sort_by_key(|p| p.len());
+    let (short, long) = (by_len[0], by_len[by_len.len() - 1]);
+    assert!(long.len() > short.len() + 8, "prompts of different lengths");
+    let e = Engine::new(
+        &repo().join("models/target"),
+        DraftSource::Mtp,
+        adaptive_cfg(),
+    )
+    .expect("engine");
+    let mut ids = Vec::new();
+    for p in [long, short, long] {
+        let mut req = Request::new(Prompt::Tokens(p.clone()));
+        req.sampling.max_tokens = 64;
+        ids.push(e.submit(req).expect("submit"));
+    }
+    e.step().expect("admission and prefill");
+    let mut core = lock(&e.core);
+    assert_eq!(core.n_decode(), 3, "three requests decoding");
+    assert!(!core.policy_informed(), "no decode step timed yet");
+    let plan = core.schedule(crate::spec::StepKind::Free);
+    let drafting: Vec<u64> = plan
+        .iter()
+        .filter(|p| p.decode && p.k_model > 0)
+        .map(|p| core.running[p.idx].id)
+        .collect();
+    assert_eq!(
+        drafting,
+        vec![ids[1]],
+        "the shortest context explores, alone"
+    );
+}
