@@ -259,8 +259,17 @@ impl Matrix {
             MatrixData::Bf16Strips(v) if r0.is_multiple_of(STRIP) && n.is_multiple_of(STRIP) => {
                 MatrixData::Bf16Strips(v.slice(r0 * c, n * c))
             }
-            // off a strip boundary: a row-major copy of the rows (their own, lanes.rs order)
-            MatrixData::Bf16Strips(_) => return self.row_major().rows_view(r0, n),
+            // off a strip boundary: a row-major copy of the rows (their own, lanes.rs order),
+            // unpacked from the strips that hold them only (V4 takes a matrix's row groups one
+            // view each)
+            MatrixData::Bf16Strips(v) => {
+                let (s0, s1) = (r0 / STRIP, (r0 + n).div_ceil(STRIP));
+                let held = (s1 - s0) * STRIP; // rows of those strips
+                let mut out = vec![0u16; held * c]; // [held, cols]
+                super::gemm::unpack_strips(&v[s0 * STRIP * c..s1 * STRIP * c], held, c, &mut out);
+                let skip = r0 - s0 * STRIP;
+                MatrixData::Bf16(out[skip * c..(skip + n) * c].to_vec().into())
+            }
             MatrixData::F16(v) => MatrixData::F16(v.slice(r0 * c, n * c)),
             MatrixData::Fp8 {
                 data,

@@ -74,14 +74,18 @@ fn strips_pack_round_trips_and_reads_rows() {
         }
     }
     // a view off a strip boundary reads the same rows (from a row-major copy)
+    // (from the first strip, inside a later one, and across the last two)
     let st = random_matrix(&mut rng, Kind::Bf16Strips, 48, 33);
-    let v = st.rows_view(5, 20);
-    assert!(matches!(v.data, MatrixData::Bf16(_)));
-    let (mut a, mut b) = (vec![0f32; 33], vec![0f32; 33]);
-    for r in 0..20 {
-        matrix_row_f32(&v, r, &mut a);
-        matrix_row_f32(&st, 5 + r, &mut b);
-        assert_eq!(a, b, "off-boundary view row {r}");
+    for (r0, n) in [(5, 20), (20, 10), (17, 31)] {
+        let v = st.rows_view(r0, n);
+        assert!(matches!(v.data, MatrixData::Bf16(_)));
+        assert_eq!((v.rows, v.cols), (n, 33));
+        let (mut a, mut b) = (vec![0f32; 33], vec![0f32; 33]);
+        for r in 0..n {
+            matrix_row_f32(&v, r, &mut a);
+            matrix_row_f32(&st, r0 + r, &mut b);
+            assert_eq!(a, b, "off-boundary view {r0}+{n} row {r}");
+        }
     }
     // rows that are not a multiple of 16, and other dtypes, stay as they are
     let odd = random_matrix(&mut rng, Kind::Bf16, 37, 20).into_strips();
