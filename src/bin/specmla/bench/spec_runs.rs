@@ -283,36 +283,25 @@ mod tests {
         assert_eq!(next_of([(false, 8), (false, 8)], &mut t), Some(1));
         assert_eq!(next_of([(false, 8), (false, 8)], &mut t), Some(0));
         // lockstep (both commit one token a step): each run is first at every other tie
-        let (mut p, mut s, mut order, mut t) = (0usize, 0usize, String::new(), 0);
-        while p < 4 || s < 4 {
-            match next_of([(p >= 4, p), (s >= 4, s)], &mut t) {
-                Some(0) => {
-                    p += 1;
-                    order.push('p');
-                }
-                Some(_) => {
-                    s += 1;
-                    order.push('S');
-                }
-                None => break,
-            }
-        }
-        assert_eq!(order, "pSSppSSp");
+        assert_eq!(step_order(1, 4), "pSSppSSp");
         // a plain run against one committing 8 tokens a step: 8 plain steps per speculative one
+        let order = step_order(8, 24);
+        assert_eq!(order, "pSpppppppSpppppppppSppppppp");
+    }
+
+    /// The order `next_of` steps a plain run ('p', one token a step) and a speculative one ('S',
+    /// `spec_tokens` a step) through `total` tokens each.
+    fn step_order(spec_tokens: usize, total: usize) -> String {
         let (mut p, mut s, mut order, mut t) = (0usize, 0usize, String::new(), 0);
-        while p < 24 || s < 24 {
-            match next_of([(p >= 24, p), (s >= 24, s)], &mut t) {
-                Some(0) => {
-                    p += 1;
-                    order.push('p');
-                }
-                Some(_) => {
-                    s += 8;
-                    order.push('S');
-                }
-                None => break,
+        while let Some(j) = next_of([(p >= total, p), (s >= total, s)], &mut t) {
+            if j == 0 {
+                p += 1;
+                order.push('p');
+            } else {
+                s += spec_tokens;
+                order.push('S');
             }
         }
-        assert_eq!(order, "pSpppppppSpppppppppSppppppp");
+        order
     }
 }
