@@ -511,13 +511,14 @@ fn f16_walk() {
 /// (1536x12288; 144 MiB). `smalln-tall`: 4 of its layer-0 gate / up projections (12288x1536),
 /// then 8 of its shared experts' (6144x1536). Each walk row-major, then in bf16 strips.
 fn small_n(rows: usize, cols: usize, count: u64) {
-    for layout in ["rows", "strips"] {
-        small_n_walk(rows, cols, count, layout == "strips", layout);
+    for strips in [false, true] {
+        small_n_walk(rows, cols, count, strips);
     }
 }
 
 /// One layout of [`small_n`]: row-major bf16, or bf16 strips (`Matrix::into_strips`).
-fn small_n_walk(rows: usize, cols: usize, count: u64, strips: bool, layout: &str) {
+fn small_n_walk(rows: usize, cols: usize, count: u64, strips: bool) {
+    let layout = if strips { "strips" } else { "rows" };
     let ws: Vec<Matrix> = (0..count)
         .map(|e| bf16_matrix(200 + e, rows, cols))
         .map(|w| if strips { w.into_strips() } else { w })
