@@ -8,7 +8,6 @@
 
 use std::any::Any;
 
-use super::aligned::AlignedBuf;
 use super::gemm::STRIP;
 use std::fmt;
 use std::ops::Deref;
@@ -207,7 +206,7 @@ impl Matrix {
     pub fn into_strips(self) -> Matrix {
         match &self.data {
             MatrixData::Bf16(v) if self.rows.is_multiple_of(STRIP) && self.rows > 0 => {
-                let packed = aligned_u16(v.len(), |out| {
+                let packed = super::packed_pages::packed_u16(v.len(), |out| {
                     super::gemm::pack_strips(v, self.rows, self.cols, out)
                 });
                 Matrix {
@@ -343,16 +342,4 @@ impl Matrix {
     pub fn numel(&self) -> usize {
         self.rows * self.cols
     }
-}
-
-/// A `len`-word buffer in the kernels' 64-byte-aligned [`AlignedBuf`] (the strips' 32-byte
-/// loads then never split a cache line), filled by `fill`, as a [`WeightBuf`].
-fn aligned_u16(len: usize, fill: impl FnOnce(&mut [u16])) -> WeightBuf<u16> {
-    let mut buf = AlignedBuf::default();
-    fill(buf.reuse_u16(len));
-    let owner = Arc::new(buf);
-    let ptr = owner.as_u16().as_ptr();
-    // SAFETY: `ptr` starts `len` initialised words of the buffer `owner` keeps alive, which
-    // nothing mutates after this point.
-    unsafe { WeightBuf::borrowed(owner, ptr, len) }
 }

@@ -35,6 +35,7 @@ mod gemm;
 mod isa;
 mod lanes;
 pub mod matrix;
+mod packed_pages;
 mod par;
 mod prefetch;
 mod profile;
@@ -55,9 +56,11 @@ pub use cache_info::{last_level_cache_bytes, stays_cached};
 #[cfg(target_arch = "x86_64")]
 pub use gemm::set_avx2_token_tiles;
 pub use gemm::strips_by_default;
+pub(crate) use gemm::STRIP as STRIP_ROWS;
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
+pub use packed_pages::in_huge_pages as packed_in_huge_pages;
 pub use par::{for_each_row, map_indices, with_thread_scratch, worth_parallel};
 pub use prefetch::{
     prefetch_hint, set_prefetch_hint, set_tile_prefetch_hint, tile_prefetch_hint, PrefetchHint,

@@ -10,7 +10,10 @@
 //! unless [`set_huge_page_weights`] asked for weights in huge pages: then each file is read once
 //! into an anonymous mapping advised `MADV_HUGEPAGE` (2 MB-aligned; the same bytes, so the same
 //! tensors and alignments), trading a slower load for fewer TLB misses while the kernels stream
-//! the weights (docs/BENCHMARKS.md "Weights in huge pages").
+//! the weights (docs/BENCHMARKS.md "Weights in huge pages"). Where the loader packs bf16
+//! matrices into strips (the `avx2` level) a file that is mostly such matrices stays mapped
+//! whatever was asked: the packed copies live in huge pages (`kernels::packed_pages`), and a
+//! copy of the file would keep a second copy of those bytes resident.
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -459,41 +462,74 @@ fn stays_cached(files: &[impl AsRef<Path>]) -> Result<bool> {
 }
 
 /// One shard: copied into huge pages when `copy` (the `huge_pages` choice, or a model small
-/// enough to stay cached, [`stays_cached`]), else mapped.
+/// enough to stay cached, [`stays_cached`]) unless most of its bytes are packed into strips
+/// anyway ([`mostly_packed`]: those copies are in huge pages already), else mapped.
 fn map_file(p: &Path, copy: bool) -> Result<Shard> {
     let f = File::open(p).map_err(|e| io_err(p, e))?;
     let len = f.metadata().map_err(|e| io_err(p, e))?.len();
     let path = p.display().to_string();
     let backing = if len == 0 {
         Backing::Bytes(Vec::new())
-    } else if copy {
-        // A model that small (a draft model) is read ~8 times per speculative step right after
-        // the target streamed hundreds of MB, which evicted the TLB entries and page-table
-        // lines of its 4 KB pages; in 2 MB pages it needs 3 entries instead of ~1000, for a
-        // copy of a few MB once.
-        read_into_huge_pages(f, len, p)?
     } else {
         // SAFETY: the map is read-only and private to this store. Checkpoint files are treated as
         // immutable while the engine runs; truncating one underneath a running engine is outside
         // the supported contract (the same one every mmap-based checkpoint loader makes).
         let m = unsafe { Mmap::map(&f) }.map_err(|e| io_err(p, e))?;
-        // Ask for 2 MB pages before anything is read: where the file is not cached yet, the
-        // kernel's readahead of a mapping so advised fills the page cache with 2 MB folios (on
-        // filesystems with large folios) and maps them whole, so the kernels stream the weights
-        // with fewer TLB misses — zero-copy. Pages already cached in small folios stay small
-        // (`weights::mapped_pages_under` reports which). Refused: ordinary pages, same bytes.
-        #[cfg(target_os = "linux")]
-        let _ = m.advise(memmap2::Advice::HugePage);
-        // Start reading the file into the page cache in the background: the weights are used
-        // in place (zero-copy), so the first forward would otherwise fault them in one by one.
-        #[cfg(unix)]
-        let _ = m.advise(memmap2::Advice::WillNeed);
-        Backing::Mmap(m)
+        if copy && !mostly_packed(&m) {
+            // A model that small (a draft model) is read ~8 times per speculative step right
+            // after the target streamed hundreds of MB, which evicted the TLB entries and
+            // page-table lines of its 4 KB pages; in 2 MB pages it needs 3 entries instead of
+            // ~1000, for a copy of a few MB once.
+            drop(m);
+            read_into_huge_pages(f, len, p)?
+        } else {
+            // Ask for 2 MB pages before anything is read: where the file is not cached yet,
+            // the kernel's readahead of a mapping so advised fills the page cache with 2 MB
+            // folios (on filesystems with large folios) and maps them whole, so the kernels
+            // stream the weights with fewer TLB misses — zero-copy. Pages already cached in
+            // small folios stay small (`weights::mapped_pages_under` reports which). Refused:
+            // ordinary pages, same bytes.
+            #[cfg(target_os = "linux")]
+            let _ = m.advise(memmap2::Advice::HugePage);
+            // Start reading the file into the page cache in the background: the weights are
+            // used in place (zero-copy), so the first forward would otherwise fault them in one
+            // by one.
+            #[cfg(unix)]
+            let _ = m.advise(memmap2::Advice::WillNeed);
+            Backing::Mmap(m)
+        }
     };
     Ok(Shard {
         path,
         backing: Arc::new(backing),
     })
+}
+
+/// Whether most of the tensor bytes of the file mapped at `m` are matrices the loader packs
+/// into bf16 strips ([`crate::kernels::strips_by_default`]: 2-D bf16, rows a multiple of 16),
+/// whose packed copies are in huge pages already (`kernels::packed_pages`): a huge-page copy
+/// of such a file would only keep a second copy of those bytes resident. False for a file
+/// whose header does not parse (opening it reports why).
+fn mostly_packed(m: &[u8]) -> bool {
+    if !crate::kernels::strips_by_default() || !crate::kernels::packed_in_huge_pages() {
+        return false;
+    }
+    let Ok((_, meta)) = SafeTensors::read_metadata(m) else {
+        return false;
+    };
+    let (mut packed, mut total) = (0usize, 0usize);
+    for (_, info) in meta.tensors() {
+        let bytes = info.data_offsets.1.saturating_sub(info.data_offsets.0);
+        total += bytes;
+        if info.dtype == safetensors::Dtype::BF16
+            && info.shape.len() == 2
+            && info.shape[0] > 0
+            && info.shape[0] % crate::kernels::STRIP_ROWS == 0
+        {
+            packed += bytes;
+        }
+    }
+    packed * 2 > total
 }
 
 /// The `len` bytes of `f` in an anonymous mapping advised `MADV_HUGEPAGE` before it is written
@@ -601,6 +637,54 @@ mod tests {
             "small model"
         );
         drop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file of header-declared tensors (`name`, dtype, shape), zero data.
+    fn zero_file(p: &Path, tensors: &[(&str, &str, &[usize], usize)]) {
+        use std::io::Write;
+        let mut off = 0;
+        let mut items = Vec::new();
+        for (name, dtype, shape, elem) in tensors {
+            let n = shape.iter().product::<usize>() * elem;
+            let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+            items.push(format!(
+                r#""{name}":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[{off},{}]}}"#,
+                dims.join(","),
+                off + n
+            ));
+            off += n;
+        }
+        let header = format!("{{{}}}", items.join(","));
+        let mut f = File::create(p).unwrap();
+        f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(header.as_bytes()).unwrap();
+        f.write_all(&vec![0u8; off]).unwrap();
+    }
+
+    /// Asked for huge pages, a file mostly of bf16 matrices the loader packs into strips stays
+    /// mapped where strips are on (the packed copies are in huge pages; a copy of the file
+    /// would be a second one), and is copied where they are off; a file of f32 matrices, or of
+    /// bf16 ones whose rows do not fill strips, is copied either way.
+    #[test]
+    fn a_file_packed_into_strips_is_not_copied_again() {
+        let dir = std::env::temp_dir().join(format!("specmla-st-packed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let open = |name: &str, tensors: &[(&str, &str, &[usize], usize)]| {
+            let p = dir.join(name);
+            zero_file(&p, tensors);
+            copied(&WeightStore::open_with(WeightSource::File(p), true).unwrap())
+        };
+        let strips = crate::kernels::strips_by_default() && crate::kernels::packed_in_huge_pages();
+        let bf16 = open(
+            "bf16.safetensors",
+            &[("w", "BF16", &[64, 96], 2), ("norm", "F32", &[96], 4)],
+        );
+        assert_eq!(bf16, [!strips], "bf16 matrices, strips {strips}");
+        let f32 = open("f32.safetensors", &[("w", "F32", &[64, 96], 4)]);
+        assert_eq!(f32, [true], "f32 matrices");
+        let odd = open("odd.safetensors", &[("w", "BF16", &[40, 96], 2)]);
+        assert_eq!(odd, [true], "bf16 rows not a multiple of 16");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -224,9 +224,10 @@ pub fn run(
     let rss = super::rss_bytes();
     // How the weights are mapped (2 MB pages or not) after the runs above touched them: a
     // comparison with another engine on the same files should state both sides' page sizes.
-    let pages = (!a.huge_pages)
-        .then(|| specmla::weights::mapped_pages_under(&dir))
-        .flatten();
+    // (--huge-pages copies the files unless the loader packs most of their bytes, whose packed
+    // copies are in anonymous 2 MB pages either way: both counted by `anon_huge`.)
+    let pages = specmla::weights::mapped_pages_under(&dir).filter(|p| p.mappings > 0);
+    let anon_huge = super::anon_huge_bytes();
 
     // ---- interleaved roofline: [bandwidth probe, batch-1 decode] per round, after the RSS
     // reading (the probe's buffer is not part of the engine's footprint). A noisy host changes
@@ -415,19 +416,24 @@ pub fn run(
             (num_blocks * block_size * kv_bpt) as f64 / 1e9
         );
     }
-    if a.huge_pages {
-        text += "weights: copied into anonymous huge pages (--huge-pages)\n";
-    } else if let Some(p) = pages {
+    if let Some(p) = pages {
         text += &format!(
             "weights: {:.2} GB of the mapped files resident, {:.1}% of it in 2 MB pages\n",
             p.resident_bytes as f64 / 1e9,
             100.0 * p.huge_fraction()
         );
     }
+    if let Some(h) = anon_huge {
+        text += &format!(
+            "anonymous 2 MB pages (packed bf16 strips; file copies of --huge-pages): {:.2} GB\n",
+            h as f64 / 1e9
+        );
+    }
     let json = json!({
         "isa": isa.to_string(),
         "weights_pages": json!({
-            "copied_to_huge_pages": a.huge_pages,
+            "huge_pages_asked": a.huge_pages,
+            "anon_huge_bytes": anon_huge,
             "mapped_resident_bytes": pages.map(|p| p.resident_bytes),
             "mapped_huge_bytes": pages.map(|p| p.huge_bytes),
             "mapped_huge_fraction": pages.map(|p| p.huge_fraction()),

@@ -285,6 +285,18 @@ pub fn rss_bytes() -> Option<(u64, u64)> {
     Some((field("VmHWM:")?, field("VmRSS:")?))
 }
 
+/// This process's anonymous memory in 2 MB pages (`AnonHugePages`: weights packed into bf16
+/// strips, files copied by `--huge-pages`), where Linux reports it.
+pub fn anon_huge_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
+    let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    line.split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kb| kb * 1024)
+}
+
 /// The q-th percentile (0..=100, nearest rank) of `xs`; 0 for an empty slice.
 pub fn percentile(xs: &[f64], q: f64) -> f64 {
     if xs.is_empty() {
