@@ -440,15 +440,19 @@ fn matmul_call(
     // cache-resident operands ran 14 % faster with x aligned (docs/BENCHMARKS.md "Aligned
     // activations and a one-op bf16 decode"). Such an x of at most `DIRECT_MAX_TOKENS` tokens
     // (the direct tiles; at most 3 MiB kept per thread) is copied once per call into the
-    // thread's aligned buffer; the values are the same.
+    // thread's aligned buffer; the values are the same. The strips tiles load x one float at a
+    // time (broadcasts), which never split a line: they read it in place.
     let misaligned = !(x.as_ptr() as usize).is_multiple_of(64);
-    let x = if xpack.is_empty() && packed_b == 0 && misaligned && n <= DIRECT_MAX_TOKENS {
-        let xa = bufs.a.reuse(n * cols); // [n, cols]
-        xa.copy_from_slice(x);
-        &bufs.a.as_slice()[..n * cols]
-    } else {
-        x
-    };
+    let loads_lanes = !matches!(w, WRef::Bf16Strips(_));
+    let x =
+        if xpack.is_empty() && packed_b == 0 && misaligned && loads_lanes && n <= DIRECT_MAX_TOKENS
+        {
+            let xa = bufs.a.reuse(n * cols); // [n, cols]
+            xa.copy_from_slice(x);
+            &bufs.a.as_slice()[..n * cols]
+        } else {
+            x
+        };
     let bpack = &bufs.b.as_u16()[..packed_b];
     let job = Job {
         isa,
