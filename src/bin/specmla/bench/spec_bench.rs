@@ -363,8 +363,14 @@ fn run_target(
             all_identical &= aa_identical;
             let plain = &baseline.plain;
             if let Some(p) = plain.pages.filter(|p| p.mappings > 0) {
+                let anon = plain.anon_huge.map_or(String::new(), |h| {
+                    format!(
+                        "; {:.2} GB of anonymous 2 MB pages (packed bf16 strips)",
+                        h as f64 / 1e9
+                    )
+                });
                 page_lines.push(format!(
-                    "weights, budget {bname}, batch {b}: {:.2} GB of the mapped target resident after the plain run, {:.1}% of it in 2 MB pages",
+                    "weights, budget {bname}, batch {b}: {:.2} GB of the mapped target resident after the plain run, {:.1}% of it in 2 MB pages{anon}",
                     p.resident_bytes as f64 / 1e9,
                     100.0 * p.huge_fraction()
                 ));

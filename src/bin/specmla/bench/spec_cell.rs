@@ -360,6 +360,7 @@ impl Figures {
             .pages
             .filter(|p| p.mappings > 0)
             .map(|p| p.huge_fraction()));
+        v["plain_anon_huge_bytes"] = json!(plain.anon_huge);
         v["interleaved_measured_over_roofline_prefill_as_plain"] =
             json!((!self.inter_frac_pf.is_empty())
                 .then(|| super::percentile(&self.inter_frac_pf, 50.0)));

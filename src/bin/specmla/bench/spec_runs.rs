@@ -23,6 +23,10 @@ pub(super) struct Run {
     /// from 2 MB pages than from 4 KB ones, so the spec rows' roofline fractions move with the
     /// page cache's state; docs/BENCHMARKS.md). Separate plain runs only (`run_once`).
     pub(super) pages: Option<specmla::weights::MappedPages>,
+    /// The process's anonymous memory in 2 MB pages at the same moment (the weights packed into
+    /// bf16 strips, where the loader packs them: then most of the target is there, not in the
+    /// mapped files). Separate plain runs only.
+    pub(super) anon_huge: Option<u64>,
 }
 
 impl Run {
@@ -137,6 +141,7 @@ pub(super) fn run_once(
         pages: plain
             .then(|| specmla::weights::mapped_pages_under(target))
             .flatten(),
+        anon_huge: plain.then(super::anon_huge_bytes).flatten(),
     })
 }
 
@@ -218,12 +223,14 @@ pub(super) fn run_interleaved(
             wall_s: wall[0],
             stats: ep.stats(),
             pages: None,
+            anon_huge: None,
         },
         Run {
             tokens: ts,
             wall_s: wall[1],
             stats: es.stats(),
             pages: None,
+            anon_huge: None,
         },
     ))
 }
