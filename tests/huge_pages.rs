@@ -73,7 +73,7 @@ fn huge_page_weights_decode_the_same_and_bad_files_still_fail() {
         .unwrap()
         .len();
     let small = specmla::kernels::stays_cached(draft_bytes);
-    if specmla::kernels::strips_by_default() && specmla::kernels::packed_in_huge_pages() {
+    if specmla::kernels::strips_in_huge_pages() {
         grew(before, 8, "a mapped engine's strips");
     } else {
         if let (Some(before), Some(after)) = (before, anon_huge_kb()) {

@@ -60,7 +60,7 @@ pub(crate) use gemm::STRIP as STRIP_ROWS;
 pub use gemm::{matmul, matmul_f32, matmul_many, matmul_rows_serial};
 pub use isa::{pin_thread, Isa, IsaLevel};
 pub use matrix::{Matrix, MatrixData, WeightBuf};
-pub use packed_pages::in_huge_pages as packed_in_huge_pages;
+pub use packed_pages::strips_in_huge_pages;
 pub use par::{for_each_row, map_indices, with_thread_scratch, worth_parallel};
 pub use prefetch::{
     prefetch_hint, set_prefetch_hint, set_tile_prefetch_hint, tile_prefetch_hint, PrefetchHint,

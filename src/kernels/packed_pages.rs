@@ -131,8 +131,14 @@ fn region(bytes: usize) -> Option<(Region, *mut u8)> {
     Some(r)
 }
 
+/// Whether the bf16 matrices models load in this process are packed into strips
+/// ([`super::strips_by_default`]) whose copies go to huge-page mappings ([`in_huge_pages`]).
+pub fn strips_in_huge_pages() -> bool {
+    super::strips_by_default() && in_huge_pages()
+}
+
 /// Whether packed copies go to huge-page mappings (not `SPECMLA_PACKED_PAGES=4k`).
-pub fn in_huge_pages() -> bool {
+fn in_huge_pages() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SPECMLA_PACKED_PAGES").as_deref() != Ok("4k"))
 }

@@ -511,7 +511,7 @@ fn map_file(p: &Path, copy: bool) -> Result<Shard> {
 /// of such a file would only keep a second copy of those bytes resident. False for a file
 /// whose header does not parse (opening it reports why).
 fn mostly_packed(m: &[u8]) -> bool {
-    if !crate::kernels::strips_by_default() || !crate::kernels::packed_in_huge_pages() {
+    if !crate::kernels::strips_in_huge_pages() {
         return false;
     }
     let Ok((_, meta)) = SafeTensors::read_metadata(m) else {
@@ -675,7 +675,7 @@ mod tests {
             zero_file(&p, tensors);
             copied(&WeightStore::open_with(WeightSource::File(p), true).unwrap())
         };
-        let strips = crate::kernels::strips_by_default() && crate::kernels::packed_in_huge_pages();
+        let strips = crate::kernels::strips_in_huge_pages();
         let bf16 = open(
             "bf16.safetensors",
             &[("w", "BF16", &[64, 96], 2), ("norm", "F32", &[96], 4)],

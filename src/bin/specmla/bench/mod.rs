@@ -274,22 +274,21 @@ pub fn parse_lengths(s: Option<&str>, default: &[usize], what: &str) -> Result<V
 /// /proc/self/status; None where that file does not exist).
 pub fn rss_bytes() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let field = |name: &str| -> Option<u64> {
-        let line = s.lines().find(|l| l.starts_with(name))?;
-        line.split_whitespace()
-            .nth(1)?
-            .parse::<u64>()
-            .ok()
-            .map(|kb| kb * 1024)
-    };
-    Some((field("VmHWM:")?, field("VmRSS:")?))
+    Some((kb_field(&s, "VmHWM:")?, kb_field(&s, "VmRSS:")?))
 }
 
 /// This process's anonymous memory in 2 MB pages (`AnonHugePages`: weights packed into bf16
 /// strips, files copied by `--huge-pages`), where Linux reports it.
 pub fn anon_huge_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/smaps_rollup").ok()?;
-    let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?;
+    kb_field(
+        &std::fs::read_to_string("/proc/self/smaps_rollup").ok()?,
+        "AnonHugePages:",
+    )
+}
+
+/// The value in bytes of the `name  N kB` line of a /proc file's text.
+fn kb_field(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(name))?;
     line.split_whitespace()
         .nth(1)?
         .parse::<u64>()

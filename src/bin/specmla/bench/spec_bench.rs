@@ -362,17 +362,25 @@ fn run_target(
             let (baseline, aa_identical) = plain_baseline(a, target, &st.base, work, b, &label)?;
             all_identical &= aa_identical;
             let plain = &baseline.plain;
+            // the mapped files' pages and the anonymous 2 MB pages, each where known
+            let mut parts = Vec::new();
             if let Some(p) = plain.pages.filter(|p| p.mappings > 0) {
-                let anon = plain.anon_huge.map_or(String::new(), |h| {
-                    format!(
-                        "; {:.2} GB of anonymous 2 MB pages (packed bf16 strips)",
-                        h as f64 / 1e9
-                    )
-                });
-                page_lines.push(format!(
-                    "weights, budget {bname}, batch {b}: {:.2} GB of the mapped target resident after the plain run, {:.1}% of it in 2 MB pages{anon}",
+                parts.push(format!(
+                    "{:.2} GB of the mapped target resident after the plain run, {:.1}% of it in 2 MB pages",
                     p.resident_bytes as f64 / 1e9,
                     100.0 * p.huge_fraction()
+                ));
+            }
+            if let Some(h) = plain.anon_huge {
+                parts.push(format!(
+                    "{:.2} GB of anonymous 2 MB pages (packed bf16 strips)",
+                    h as f64 / 1e9
+                ));
+            }
+            if !parts.is_empty() {
+                page_lines.push(format!(
+                    "weights, budget {bname}, batch {b}: {}",
+                    parts.join("; ")
                 ));
             }
             if !baseline.aa_inter.is_empty() {
